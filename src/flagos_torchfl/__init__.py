@@ -1,0 +1,53 @@
+"""flagos_torchfl: run CUDA-written PyTorch code unchanged on whatever AI chip is present.
+
+Importing is free: it initialises no device, imports no vendor plugin and patches nothing.
+``ft.auto_select_backend()`` / ``ft.init_backend(...)`` activate; ``ft.deactivate()`` undoes.
+"""
+from __future__ import annotations
+
+import sys
+import types
+
+import torch as _torch
+
+from . import compat as _compat
+
+__version__ = "0.1.0"
+_compat.check_torch(_torch.__version__)
+
+from .api import (  # noqa: E402
+    ASSIGNABLE as _ASSIGNABLE, auto_select_backend, current_backend, deactivate, get_setting,
+    init_backend, set_setting,
+)
+from .backends import get_backend, register_backend  # noqa: E402
+from .errors import (  # noqa: E402
+    ActivationError, AlreadyInitializedError, BackendUnavailableError, ConfigError, FlagOSError,
+    OperatorNotSupportedError, PrivateUse1ClaimedError, UnknownBackendError, UnsupportedFeatureError,
+)
+from .selection import Selection  # noqa: E402
+
+__all__ = [
+    "auto_select_backend", "init_backend", "current_backend", "deactivate", "get_backend",
+    "register_backend", "Selection", "ActivationError", "AlreadyInitializedError",
+    "BackendUnavailableError", "ConfigError", "FlagOSError", "OperatorNotSupportedError",
+    "PrivateUse1ClaimedError", "UnknownBackendError", "UnsupportedFeatureError",
+    "memory_virtual_limit", "memory_pool_clear_interval", "enable_mixed_precision",
+]
+
+
+class _Package(types.ModuleType):
+    """Makes ``ft.memory_pool_clear_interval = 50`` (and the other settings) validated assignments."""
+
+    def __setattr__(self, name, value):
+        if name in _ASSIGNABLE:
+            set_setting(name, value)
+        else:
+            super().__setattr__(name, value)
+
+    def __getattr__(self, name):
+        if name in _ASSIGNABLE:
+            return get_setting(name)
+        raise AttributeError(f"module 'flagos_torchfl' has no attribute {name!r}")
+
+
+sys.modules[__name__].__class__ = _Package

@@ -1,0 +1,131 @@
+"""The functions users call. Selection decides; activation applies the decision through an
+ordered list of steps (each returns its own undo), and ``deactivate`` undoes them in reverse."""
+from __future__ import annotations
+
+import dataclasses
+import threading
+from typing import Any, Callable, List, Optional, Sequence, Tuple, Union
+
+from . import config
+from .errors import AlreadyInitializedError, ConfigError, suggestion
+from .log import get_logger
+from .selection import Selection, build_selection
+
+log = get_logger()
+_lock = threading.RLock()
+_current: Optional[Selection] = None
+_undo: List[Tuple[str, Callable[[], None]]] = []
+
+#: settings that may be changed by assignment, e.g. ``ft.memory_pool_clear_interval = 50``
+ASSIGNABLE = ("memory_virtual_limit", "memory_pool_clear_interval", "enable_mixed_precision")
+_assigned: dict = {}
+
+Step = Callable[[Selection], Optional[Callable[[], None]]]
+#: (name, step) in activation order; a step returns an undo callable (or None)
+ACTIVATION_STEPS: List[Tuple[str, Step]] = []
+
+
+def activation_step(name: str) -> Callable[[Step], Step]:
+    """Register ``fn(selection) -> undo`` as the next activation step."""
+
+    def register(fn: Step) -> Step:
+        ACTIVATION_STEPS.append((name, fn))
+        return fn
+
+    return register
+
+
+def init_backend(
+    backend: Optional[Union[str, Sequence[str]]] = None,
+    gpu_ids: Optional[Sequence[int]] = None,
+    memory_virtual_limit: Any = None,
+    memory_pool_clear_interval: Optional[int] = None,
+    enable_mixed_precision: bool = False,
+) -> Selection:
+    """Select a backend explicitly (``FL_BACKEND`` and ``run --backend`` still take precedence)
+    and activate it. Calling it again with the same settings returns the active selection;
+    with different ones it raises: call :func:`deactivate` first. Bad input raises before
+    anything changes."""
+    code = {
+        **_assigned,
+        "gpu_ids": gpu_ids,
+        "memory_virtual_limit": memory_virtual_limit if memory_virtual_limit is not None
+        else _assigned.get("memory_virtual_limit"),
+        "memory_pool_clear_interval": memory_pool_clear_interval
+        if memory_pool_clear_interval is not None else _assigned.get("memory_pool_clear_interval"),
+        "enable_mixed_precision": enable_mixed_precision or _assigned.get("enable_mixed_precision", False),
+    }
+    with _lock:
+        selection = build_selection(backend, code)
+        if _current is not None:
+            if _current.same_request(selection):
+                return _current
+            raise AlreadyInitializedError(
+                f"backend {_current.backend!r} is already active with devices {list(_current.devices)} "
+                f"and other settings; call ft.deactivate() first to switch to {selection.backend!r}"
+            )
+        _activate(selection)
+        return selection
+
+
+def auto_select_backend(**settings: Any) -> Selection:
+    """Pick the highest-priority available backend (``FL_BACKEND`` honoured) and activate it."""
+    return init_backend(backend=None, **settings)
+
+
+def current_backend() -> Optional[Selection]:
+    """The active selection, or None."""
+    return _current
+
+
+def deactivate() -> None:
+    """Undo every activation step in reverse order; afterwards no backend is active."""
+    global _current
+    with _lock:
+        errors = []
+        while _undo:
+            name, undo = _undo.pop()
+            try:
+                undo()
+            except Exception as exc:  # keep undoing the rest
+                errors.append(f"{name}: {exc}")
+        _current = None
+        if errors:
+            raise RuntimeError("deactivation left work undone: " + "; ".join(errors))
+
+
+def _activate(selection: Selection) -> None:
+    global _current
+    done: List[Tuple[str, Callable[[], None]]] = []
+    try:
+        for name, step in ACTIVATION_STEPS:
+            undo = step(selection)
+            if undo is not None:
+                done.append((name, undo))
+    except BaseException:
+        for _name, undo in reversed(done):
+            undo()
+        raise
+    _undo.extend(done)
+    _current = selection
+    log.info("backend %s active (%s): devices %s", selection.backend, selection.reason, list(selection.devices))
+
+
+def get_setting(name: str) -> Any:
+    """The current value of an assignable setting (active selection first, then assignments)."""
+    if _current is not None:
+        return getattr(_current.settings, name)
+    return _assigned.get(name, getattr(config.Settings(), name))
+
+
+def set_setting(name: str, value: Any) -> None:
+    """Validate and apply ``ft.<name> = value``; invalid values raise and change nothing."""
+    global _current
+    if name not in ASSIGNABLE:
+        raise ConfigError(f"{name!r} cannot be assigned.{suggestion(name, ASSIGNABLE)} Assignable: {', '.join(ASSIGNABLE)}")
+    parsed = config.settings_from({name: value})
+    with _lock:
+        _assigned[name] = getattr(parsed, name)
+        if _current is not None:
+            settings = dataclasses.replace(_current.settings, **{name: getattr(parsed, name)})
+            _current = dataclasses.replace(_current, settings=settings)

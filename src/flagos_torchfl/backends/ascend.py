@@ -1,0 +1,20 @@
+"""Huawei Ascend NPUs through torch_npu (device ``npu``)."""
+from __future__ import annotations
+
+from .base import Backend
+
+
+class AscendBackend(Backend):
+    name = "ascend"
+    vendor = "Huawei"
+    aliases = ("npu", "huawei")
+    device_type = "npu"
+    dispatch_key = "PrivateUse1"
+    collective = "hccl"
+    low_precision_dtype = "float16"  # torch_npu's autocast default; 910B also has bfloat16
+    supports_float64 = False
+    priority = 90
+    plugin_module = "torch_npu"
+    query_tool = ("npu-smi", "info")
+    driver_pattern = r"Version:\s*([\w.\-]+)"
+    visible_devices_env = "ASCEND_RT_VISIBLE_DEVICES"

@@ -1,0 +1,194 @@
+"""The shape every chip family fills in: what it is, how to probe it, what it prefers.
+
+A backend module knows nothing of patches or routing; it answers questions about one kind of chip.
+"""
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import importlib.util
+import os
+from typing import Any, List, Optional, Tuple
+
+from . import probe as _probe
+
+
+@dataclasses.dataclass(frozen=True)
+class DeviceInfo:
+    index: int
+    name: str
+    total_memory: Optional[int] = None
+
+
+@dataclasses.dataclass
+class ProbeResult:
+    """What probing one backend found. ``reason`` says in plain words why it is unavailable."""
+
+    backend: str
+    status: str  # "available", "unavailable" or "on-request"
+    reason: Optional[str] = None
+    devices: List[DeviceInfo] = dataclasses.field(default_factory=list)
+    driver: Optional[str] = None
+    runtime: Optional[str] = None
+    native_ops: Optional[int] = None
+    notes: List[str] = dataclasses.field(default_factory=list)
+
+    @property
+    def available(self) -> bool:
+        return self.status in ("available", "on-request")
+
+    @property
+    def device_count(self) -> int:
+        return len(self.devices)
+
+    def as_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+class Unavailable(Exception):
+    """Raised inside a probe step to end the probe with ``reason``."""
+
+    def __init__(self, reason: str):
+        super().__init__(reason)
+        self.reason = reason
+
+
+class Backend:
+    """One chip family. Subclasses set the class attributes and override the probe steps."""
+
+    name: str = ""
+    vendor: str = ""
+    aliases: Tuple[str, ...] = ()
+    device_type: str = ""
+    dispatch_key: str = ""
+    collective: str = ""
+    low_precision_dtype: str = "bfloat16"
+    supports_float64: bool = True
+    priority: int = 0
+    auto_selectable: bool = True
+    #: the vendor's PyTorch plugin, imported lazily by the probe (None: built into torch)
+    plugin_module: Optional[str] = None
+    #: plugin versions this package has been tested with (empty: none yet)
+    tested_plugin_versions: Tuple[str, ...] = ()
+    #: the vendor's query tool and the regex that finds the driver version in its output
+    query_tool: Optional[Tuple[str, ...]] = None
+    driver_pattern: str = ""
+    #: the vendor's equivalent of CUDA_VISIBLE_DEVICES (None: CUDA_VISIBLE_DEVICES itself)
+    visible_devices_env: Optional[str] = None
+    #: dtypes the chip has natively for most ops but not all (used by routing)
+    dtype_gaps: Tuple[str, ...] = ()
+
+    # ----------------------------------------------------------------- probing
+    def probe(self, timeout: Optional[float] = None, count_ops: bool = True) -> ProbeResult:
+        """Find whether this backend can run here. Never raises and never hangs past ``timeout``
+        per step; every failure becomes ``reason``."""
+        timeout = _probe.probe_timeout() if timeout is None else timeout
+        result = ProbeResult(backend=self.name, status="unavailable")
+        result.driver, driver_problem = self.query_driver(timeout)
+        if driver_problem:
+            result.notes.append(driver_problem)
+        try:
+            self.check_host(result, driver_problem)
+            module = self.load_runtime(timeout)
+            result.runtime = self.runtime_version(module)
+            result.devices = self.list_devices(module, timeout)
+        except Unavailable as exc:
+            result.reason = exc.reason
+            return result
+        result.status = "available"
+        if count_ops:
+            from .coverage import native_op_count
+
+            result.native_ops = native_op_count(self.dispatch_key)
+        return result
+
+    def query_driver(self, timeout: float) -> Tuple[Optional[str], Optional[str]]:
+        """(driver version, None) from the query tool, or (None, problem)."""
+        if not self.query_tool:
+            return None, None
+        out, problem = _probe.run_tool(list(self.query_tool), timeout)
+        if problem:
+            return None, problem
+        version = _probe.search_version(self.driver_pattern, out)
+        if version is None:
+            return None, f"could not read a driver version from `{' '.join(self.query_tool)}` output"
+        return version, None
+
+    def check_host(self, result: ProbeResult, driver_problem: Optional[str]) -> None:
+        """Raise :class:`Unavailable` when the host plainly cannot run this chip."""
+
+    def load_runtime(self, timeout: float) -> Any:
+        """Import the vendor plugin (if any) and return the torch device module."""
+        if self.plugin_module:
+            if importlib.util.find_spec(self.plugin_module) is None:
+                raise Unavailable(f"{self.plugin_module} is not installed")
+            _, problem = _probe.call_with_timeout(
+                lambda: importlib.import_module(self.plugin_module), timeout,
+                f"importing {self.plugin_module}",
+            )
+            if problem:
+                raise Unavailable(problem)
+        import torch
+
+        module = getattr(torch, self.device_type, None)
+        if module is None:
+            source = self.plugin_module or "torch"
+            raise Unavailable(f"{source} provides no torch.{self.device_type} module")
+        return module
+
+    def runtime_version(self, module: Any) -> Optional[str]:
+        """The version of the plugin (or torch's runtime) driving this chip."""
+        if self.plugin_module:
+            import sys
+
+            return getattr(sys.modules.get(self.plugin_module), "__version__", None)
+        return None
+
+    def list_devices(self, module: Any, timeout: float) -> List[DeviceInfo]:
+        """The visible devices, through the device module; raises Unavailable for none."""
+
+        def read():
+            count = int(module.device_count())
+            devices = []
+            for i in range(count):
+                props = module.get_device_properties(i)
+                name = getattr(props, "name", None) or module.get_device_name(i)
+                devices.append(DeviceInfo(i, str(name), getattr(props, "total_memory", None)))
+            return devices
+
+        devices, problem = _probe.call_with_timeout(
+            read, timeout, f"querying torch.{self.device_type} devices"
+        )
+        if problem:
+            raise Unavailable(problem)
+        if not devices:
+            raise Unavailable("0 devices visible")
+        return devices
+
+    # ----------------------------------------------------------------- use
+    def device_module(self) -> Any:
+        """The torch device module (``torch.npu`` ...) once the backend is available."""
+        import torch
+
+        return getattr(torch, self.device_type)
+
+    def plugin_version(self) -> Optional[str]:
+        return self.runtime_version(None) if self.plugin_module else None
+
+    def describe(self) -> dict:
+        """The backend's static declaration, for reports."""
+        return {
+            "name": self.name, "vendor": self.vendor, "aliases": list(self.aliases),
+            "device_type": self.device_type, "dispatch_key": self.dispatch_key,
+            "collective": self.collective, "low_precision_dtype": self.low_precision_dtype,
+            "supports_float64": self.supports_float64, "priority": self.priority,
+            "auto_selectable": self.auto_selectable, "plugin": self.plugin_module,
+        }
+
+
+def host_memory() -> Optional[int]:
+    """Total host memory in bytes, or None where the OS does not say."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None

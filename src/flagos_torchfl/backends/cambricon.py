@@ -1,0 +1,20 @@
+"""Cambricon MLUs through torch_mlu (device ``mlu``)."""
+from __future__ import annotations
+
+from .base import Backend
+
+
+class CambriconBackend(Backend):
+    name = "cambricon"
+    vendor = "Cambricon"
+    aliases = ("mlu",)
+    device_type = "mlu"
+    dispatch_key = "PrivateUse1"
+    collective = "cncl"
+    low_precision_dtype = "float16"
+    supports_float64 = True
+    priority = 85
+    plugin_module = "torch_mlu"
+    query_tool = ("cnmon", "version")
+    driver_pattern = r"[Dd]river\s*[:=]?\s*v?(\d[\w.\-]*)"
+    visible_devices_env = "MLU_VISIBLE_DEVICES"

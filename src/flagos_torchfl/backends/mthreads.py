@@ -1,0 +1,20 @@
+"""Moore Threads GPUs through torch_musa (device ``musa``)."""
+from __future__ import annotations
+
+from .base import Backend
+
+
+class MThreadsBackend(Backend):
+    name = "mthreads"
+    vendor = "Moore Threads"
+    aliases = ("musa", "moorethreads")
+    device_type = "musa"
+    dispatch_key = "PrivateUse1"
+    collective = "mccl"
+    low_precision_dtype = "float16"
+    supports_float64 = False
+    priority = 80
+    plugin_module = "torch_musa"
+    query_tool = ("mthreads-gmi",)
+    driver_pattern = r"Driver Version\s*:?\s*([\w.\-]+)"
+    visible_devices_env = "MUSA_VISIBLE_DEVICES"

@@ -1,0 +1,35 @@
+"""AMD GPUs through torch's ROCm (HIP) build, whose device type is ``cuda``."""
+from __future__ import annotations
+
+import os
+import shutil
+
+from .base import Backend, Unavailable
+
+
+class RocmBackend(Backend):
+    name = "rocm"
+    vendor = "AMD"
+    aliases = ("hip", "amd")
+    device_type = "cuda"
+    dispatch_key = "CUDA"
+    collective = "nccl"  # RCCL, reached under the name "nccl"
+    low_precision_dtype = "bfloat16"
+    supports_float64 = True
+    priority = 95
+    query_tool = ("rocm-smi", "--showdriverversion")
+    driver_pattern = r"[Dd]river version:\s*([\w.\-]+)"
+    visible_devices_env = "HIP_VISIBLE_DEVICES"
+
+    def check_host(self, result, driver_problem):
+        import torch
+
+        if not (os.path.exists("/dev/kfd") or shutil.which("rocm-smi")):
+            raise Unavailable("no AMD ROCm driver found")
+        if not getattr(torch.version, "hip", None):
+            raise Unavailable("torch was built without ROCm (HIP)")
+
+    def runtime_version(self, module):
+        import torch
+
+        return f"HIP {torch.version.hip}"

@@ -1,0 +1,32 @@
+"""Intel GPUs through torch's XPU build (device ``xpu``)."""
+from __future__ import annotations
+
+from .base import Backend, Unavailable
+
+
+class XpuBackend(Backend):
+    name = "xpu"
+    vendor = "Intel"
+    aliases = ("intel",)
+    device_type = "xpu"
+    dispatch_key = "XPU"
+    collective = "xccl"
+    low_precision_dtype = "bfloat16"
+    supports_float64 = True
+    priority = 70
+    query_tool = ("xpu-smi", "discovery")
+    driver_pattern = r"Driver Version\s*:\s*(\S+)"
+    visible_devices_env = "ZE_AFFINITY_MASK"
+
+    def check_host(self, result, driver_problem):
+        import torch
+
+        xpu = getattr(torch, "xpu", None)
+        if xpu is None or not xpu._is_compiled():
+            raise Unavailable("torch was built without XPU support")
+
+    def runtime_version(self, module):
+        import torch
+
+        version = getattr(torch.version, "xpu", None)
+        return f"XPU {version}" if version else None

@@ -1,0 +1,81 @@
+"""``detect``: which chips are here, drivers, operator counts, memory, and what auto picks."""
+from __future__ import annotations
+
+import json
+
+from ..backends import ProbeResult, registry
+from ..config import format_bytes
+from ..selection import would_pick
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("detect", help="list the chips on this machine and what each backend can do")
+    p.add_argument("--json", action="store_true", help="print the same data as JSON")
+    p.set_defaults(func=run)
+
+
+def collect() -> dict:
+    """Probe every registered backend (each bounded in time) and say what auto would pick."""
+    reg = registry()
+    rows = []
+    probes = {}
+    for backend in reg.backends():
+        result = backend.probe()
+        probes[backend.name] = result
+        rows.append({**backend.describe(), **result.as_dict(), "device_count": result.device_count})
+    for name, reason in reg.load_errors.items():
+        rows.append({"name": name, "backend": name, "status": "unavailable", "reason": reason,
+                     "devices": [], "device_count": 0})
+    pick, why = would_pick(probe=lambda name: probes[name])
+    return {"backends": rows, "auto_select": {"backend": pick, "why": why}}
+
+
+def _status(row: dict) -> str:
+    if row["status"] == "available":
+        return "available"
+    if row["status"] == "on-request":
+        return f"available on request (FL_BACKEND={row['name']})"
+    return f"not available: {row['reason']}"
+
+
+def _devices(row: dict) -> str:
+    devices = row["devices"]
+    if not devices:
+        return "0"
+    names = sorted({d["name"] for d in devices})
+    return f"{len(devices)} x {', '.join(names)}"
+
+
+def _memory(row: dict) -> str:
+    sizes = sorted({d["total_memory"] for d in row["devices"] if d.get("total_memory")})
+    return ", ".join(format_bytes(s) for s in sizes) or "-"
+
+
+def _version(row: dict) -> str:
+    parts = [f"driver {row['driver']}"] if row.get("driver") else []
+    if row.get("runtime"):
+        parts.append(row["runtime"])
+    return "; ".join(parts) or "-"
+
+
+def render(data: dict) -> str:
+    header = ("BACKEND", "STATUS", "DEVICES", "DRIVER / RUNTIME", "NATIVE OPS", "MEMORY/DEVICE")
+    table = [header]
+    for row in data["backends"]:
+        ops = row.get("native_ops")
+        table.append((row["name"], _status(row), _devices(row), _version(row),
+                      "-" if ops is None else str(ops), _memory(row)))
+    widths = [max(len(r[i]) for r in table) for i in range(len(header))]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in table]
+    pick = data["auto_select"]
+    if pick["backend"]:
+        lines.append(f"\nauto_select_backend() would pick: {pick['backend']} ({pick['why']})")
+    else:
+        lines.append(f"\nauto_select_backend() would fail: {pick['why']}")
+    return "\n".join(lines)
+
+
+def run(args) -> int:
+    data = collect()
+    print(json.dumps(data, indent=2) if args.json else render(data))
+    return 0

@@ -1,0 +1,183 @@
+"""Turns what the user asked for — ``run --backend``, ``FL_BACKEND``, ``init_backend(...)`` in
+code, or nothing — into one validated :class:`Selection`.
+
+Precedence, so that switching chips never needs a code change: the launcher's ``--backend`` (it
+sets ``FL_BACKEND`` for the program) > ``FL_BACKEND`` > ``init_backend(backend=...)`` > automatic.
+Pure decisions: nothing here activates anything.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+
+from . import config
+from .backends import ProbeResult, registry
+from .errors import BackendUnavailableError, ConfigError, UnknownBackendError
+from .log import get_logger
+
+log = get_logger("selection")
+#: set by ``python -m flagos_torchfl run --backend``: says FL_BACKEND came from the launcher
+LAUNCHER_MARK = "FL_BACKEND_FROM_LAUNCHER"
+
+Probe = Callable[[str], ProbeResult]
+
+
+@dataclasses.dataclass(frozen=True)
+class Selection:
+    """The active backend choice. Logical device ``i`` (``cuda:i`` in user code) is ``devices[i]``."""
+
+    backend: str
+    device_type: str
+    dispatch_key: str
+    devices: Tuple[int, ...]
+    settings: config.Settings
+    source: str  # "launcher", "FL_BACKEND", "argument" or "auto"
+    reason: str
+    collective: str
+    low_precision_dtype: str
+    probe: Optional[ProbeResult] = dataclasses.field(default=None, compare=False, repr=False)
+
+    def same_request(self, other: "Selection") -> bool:
+        """True when ``other`` asks for exactly this backend, these devices and these settings."""
+        return (self.backend, self.devices, self.settings) == (other.backend, other.devices, other.settings)
+
+    def device_memory(self, logical: int) -> Optional[int]:
+        """Total memory of logical device ``logical`` as the probe saw it (None if unknown)."""
+        if self.probe is None:
+            return None
+        physical = self.devices[logical]
+        for info in self.probe.devices:
+            if info.index == physical:
+                return info.total_memory
+        return None
+
+    def memory_limit_bytes(self, logical: int = 0) -> Optional[int]:
+        """``memory_virtual_limit`` resolved to bytes for one logical device (None: no limit)."""
+        limit = self.settings.memory_virtual_limit
+        return None if limit is None else limit.resolve(self.device_memory(logical))
+
+    def as_dict(self) -> dict:
+        limit = self.settings.memory_virtual_limit
+        return {
+            "backend": self.backend, "device_type": self.device_type,
+            "dispatch_key": self.dispatch_key, "devices": list(self.devices),
+            "source": self.source, "reason": self.reason, "collective": self.collective,
+            "low_precision_dtype": self.low_precision_dtype,
+            "memory_virtual_limit": None if limit is None else str(limit),
+            "memory_pool_clear_interval": self.settings.memory_pool_clear_interval,
+            "enable_mixed_precision": self.settings.enable_mixed_precision,
+        }
+
+
+def parse_backend_list(value: Union[str, Sequence[str]], source: str) -> List[str]:
+    """``"ascend,cuda,cpu"`` or a list -> canonical names, in order; unknown names are errors."""
+    items = value.split(",") if isinstance(value, str) else list(value)
+    names = [str(item).strip() for item in items if str(item).strip()]
+    if not names:
+        raise ConfigError(f"{source} is empty; valid names: {', '.join(registry().valid_names())}")
+    canonical = []
+    for name in names:
+        try:
+            canonical.append(registry().canonical(name))
+        except UnknownBackendError as exc:
+            raise UnknownBackendError(name, exc.valid, source=f"{source} value") from None
+    return list(dict.fromkeys(canonical))
+
+
+def default_probe(name: str) -> ProbeResult:
+    return registry().get(name).probe(count_ops=False)
+
+
+def choose(
+    requested: Optional[Union[str, Sequence[str]]] = None,
+    environ: Mapping[str, str] = os.environ,
+    probe: Probe = default_probe,
+) -> Tuple[str, str, str, ProbeResult]:
+    """(backend name, source, why, probe result) for a request; raises when it cannot be met."""
+    env_value = environ.get("FL_BACKEND", "").strip()
+    if env_value:
+        source = "launcher" if environ.get(LAUNCHER_MARK) == "1" else "FL_BACKEND"
+        label = "run --backend" if source == "launcher" else "FL_BACKEND"
+        candidates = parse_backend_list(env_value, label)
+        if requested is not None:
+            in_code = parse_backend_list(requested, "backend")
+            if in_code != candidates:
+                log.info("%s=%s overrides init_backend(backend=%r) in code", label, env_value, requested)
+        return _first_available(candidates, probe, source, f"{label}={env_value}")
+    if requested is not None:
+        candidates = parse_backend_list(requested, "backend")
+        return _first_available(candidates, probe, "argument", f"backend={requested!r} in code")
+    return _auto(probe)
+
+
+def _first_available(names: List[str], probe: Probe, source: str, origin: str):
+    reasons: Dict[str, str] = {}
+    for position, name in enumerate(names):
+        result = probe(name)
+        if result.available:
+            why = f"requested by {origin}"
+            if position:
+                why = f"first available in {origin}"
+            return name, source, why, result
+        reasons[name] = result.reason or "unavailable"
+    if len(names) == 1:
+        raise BackendUnavailableError(names[0], reasons[names[0]])
+    detail = "; ".join(f"{n}: {r}" for n, r in reasons.items())
+    raise BackendUnavailableError(",".join(names), f"none of them is available ({detail})")
+
+
+def _auto(probe: Probe):
+    skipped, reasons = [], []
+    for backend in registry().backends():
+        if not backend.auto_selectable:
+            continue
+        result = probe(backend.name)
+        if result.available:
+            why = "highest-priority available backend"
+            if skipped:
+                why += f"; not available: {', '.join(skipped)}"
+            return backend.name, "auto", why, result
+        skipped.append(backend.name)
+        reasons.append(f"{backend.name}: {result.reason}")
+    raise BackendUnavailableError("auto", "no backend is available: " + "; ".join(reasons))
+
+
+def merge_settings(code: Mapping[str, object], environ: Mapping[str, str] = os.environ) -> config.Settings:
+    """Code settings overlaid by ``FL_*`` environment settings (the environment wins, logged)."""
+    from_env = config.env_settings(environ)
+    for name in from_env:
+        given = code.get(name)
+        if given is not None and given is not False:
+            log.info("%s=%s overrides %s=%r in code", config.ENV_VARS[name], from_env[name], name, given)
+    merged = {**{k: v for k, v in code.items() if v is not None}, **from_env}
+    return config.settings_from(merged)
+
+
+def build_selection(
+    backend: Optional[Union[str, Sequence[str]]] = None,
+    settings: Optional[Mapping[str, object]] = None,
+    environ: Mapping[str, str] = os.environ,
+    probe: Probe = default_probe,
+) -> Selection:
+    """Validate everything and decide; raises before anything is chosen if any input is bad."""
+    merged = merge_settings(settings or {}, environ)
+    name, source, why, result = choose(backend, environ, probe)
+    chosen = registry().get(name)
+    count = result.device_count
+    devices = config.parse_gpu_ids(merged.gpu_ids, count) if merged.gpu_ids else tuple(range(count))
+    return Selection(
+        backend=name, device_type=chosen.device_type, dispatch_key=chosen.dispatch_key,
+        devices=devices, settings=dataclasses.replace(merged, gpu_ids=devices), source=source,
+        reason=why, collective=chosen.collective, low_precision_dtype=chosen.low_precision_dtype,
+        probe=result,
+    )
+
+
+def would_pick(environ: Mapping[str, str] = os.environ, probe: Probe = default_probe) -> Tuple[Optional[str], str]:
+    """What ``auto_select_backend()`` would pick here, and why (or None and the error)."""
+    try:
+        name, _source, why, _ = choose(None, environ, probe)
+        return name, why
+    except Exception as exc:  # detect reports it instead of failing
+        return None, str(exc)
