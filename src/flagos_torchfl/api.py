@@ -3,6 +3,7 @@ ordered list of steps (each returns its own undo), and ``deactivate`` undoes the
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import threading
 from typing import Any, Callable, List, Optional, Sequence, Tuple, Union
 
@@ -20,19 +21,16 @@ _undo: List[Tuple[str, Callable[[], None]]] = []
 ASSIGNABLE = ("memory_virtual_limit", "memory_pool_clear_interval", "enable_mixed_precision")
 _assigned: dict = {}
 
-Step = Callable[[Selection], Optional[Callable[[], None]]]
-#: (name, step) in activation order; a step returns an undo callable (or None)
-ACTIVATION_STEPS: List[Tuple[str, Step]] = []
+#: (name, "module:function") in activation order. Each function takes the Selection and returns
+#: an undo callable (or None); modules are imported only when a backend is activated.
+ACTIVATION_STEPS: Tuple[Tuple[str, str], ...] = (
+    ("backend", "flagos_torchfl.backends.activation:activate"),
+)
 
 
-def activation_step(name: str) -> Callable[[Step], Step]:
-    """Register ``fn(selection) -> undo`` as the next activation step."""
-
-    def register(fn: Step) -> Step:
-        ACTIVATION_STEPS.append((name, fn))
-        return fn
-
-    return register
+def _resolve(target: str) -> Callable[[Selection], Optional[Callable[[], None]]]:
+    module, _, function = target.partition(":")
+    return getattr(importlib.import_module(module), function)
 
 
 def init_backend(
@@ -98,8 +96,8 @@ def _activate(selection: Selection) -> None:
     global _current
     done: List[Tuple[str, Callable[[], None]]] = []
     try:
-        for name, step in ACTIVATION_STEPS:
-            undo = step(selection)
+        for name, target in ACTIVATION_STEPS:
+            undo = _resolve(target)(selection)
             if undo is not None:
                 done.append((name, undo))
     except BaseException:

@@ -119,6 +119,7 @@ class Backend:
 
     def load_runtime(self, timeout: float) -> Any:
         """Import the vendor plugin (if any) and return the torch device module."""
+        translate_visible_devices(self.visible_devices_env)
         if self.plugin_module:
             if importlib.util.find_spec(self.plugin_module) is None:
                 raise Unavailable(f"{self.plugin_module} is not installed")
@@ -166,6 +167,16 @@ class Backend:
         return devices
 
     # ----------------------------------------------------------------- use
+    def activate(self, selection) -> Optional[Any]:
+        """Prepare the runtime for ``selection``; return an undo callable or None.
+
+        Warns once when the vendor plugin's version is outside the tested ones."""
+        if self.plugin_module:
+            from ..compat import check_plugin
+
+            check_plugin(self.plugin_module, self.plugin_version(), self.tested_plugin_versions)
+        return None
+
     def device_module(self) -> Any:
         """The torch device module (``torch.npu`` ...) once the backend is available."""
         import torch
@@ -184,6 +195,17 @@ class Backend:
             "supports_float64": self.supports_float64, "priority": self.priority,
             "auto_selectable": self.auto_selectable, "plugin": self.plugin_module,
         }
+
+
+def translate_visible_devices(variable: Optional[str], environ=os.environ) -> None:
+    """Copy ``CUDA_VISIBLE_DEVICES`` to the vendor's variable (e.g. ``ASCEND_RT_VISIBLE_DEVICES``)
+    before its runtime starts, unless the vendor's variable is set already."""
+    cuda_mask = environ.get("CUDA_VISIBLE_DEVICES")
+    if variable and cuda_mask is not None and variable not in environ:
+        environ[variable] = cuda_mask
+        from ..log import get_logger
+
+        get_logger("backends").info("CUDA_VISIBLE_DEVICES=%s applied as %s", cuda_mask, variable)
 
 
 def host_memory() -> Optional[int]:

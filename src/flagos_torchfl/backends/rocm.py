@@ -19,7 +19,6 @@ class RocmBackend(Backend):
     priority = 95
     query_tool = ("rocm-smi", "--showdriverversion")
     driver_pattern = r"[Dd]river version:\s*([\w.\-]+)"
-    visible_devices_env = "HIP_VISIBLE_DEVICES"
 
     def check_host(self, result, driver_problem):
         import torch

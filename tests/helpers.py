@@ -1,0 +1,33 @@
+"""Helpers shared by the tests: run python in a child interpreter with a chosen environment."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Mapping, Optional
+
+ROOT = Path(__file__).resolve().parent.parent
+CLEAN_PREFIXES = ("FL_", "CUDA_VISIBLE_DEVICES", "LOCAL_WORLD_SIZE", "ASCEND_RT_VISIBLE_DEVICES")
+
+
+def clean_env(extra: Optional[Mapping[str, str]] = None) -> dict:
+    """The current environment without any FL_* or device-mask variable, plus ``extra``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(CLEAN_PREFIXES)}
+    env.update(extra or {})
+    return env
+
+
+def run_python(args, env: Optional[Mapping[str, str]] = None, timeout: float = 120, cwd=None):
+    """Run ``python ARGS`` and return the CompletedProcess (text mode)."""
+    return subprocess.run(
+        [sys.executable, *args], env=clean_env(env), capture_output=True, text=True,
+        timeout=timeout, cwd=cwd or ROOT,
+    )
+
+
+def prepend_path(env: dict, variable: str, folder) -> dict:
+    """``env`` with ``folder`` put at the front of the path list in ``variable``."""
+    current = env.get(variable) or os.environ.get(variable, "")
+    env[variable] = str(folder) + (os.pathsep + current if current else "")
+    return env
