@@ -58,7 +58,9 @@ def test_env_report():
 
 
 def test_console_script_and_help():
-    exe = shutil.which("flagos-torchfl")
+    import sysconfig
+
+    exe = shutil.which("flagos-torchfl", path=sysconfig.get_path("scripts"))
     if exe is None:
         pytest.fail("the flagos-torchfl console script is not installed (pip install -e .)")
     import subprocess

@@ -117,14 +117,16 @@ def test_no_nvidia_driver(tool_dir, monkeypatch):
     assert result.reason == "no NVIDIA driver found" and "nvidia-smi not found" in result.notes
 
 
-def test_cpu_build_with_driver_present(tool_dir):
+def test_cpu_build_with_driver_present(tool_dir, monkeypatch):
+    monkeypatch.setattr("torch.version.cuda", None)  # a CUDA wheel of torch must not change the answer
     write_tool(tool_dir, "nvidia-smi", "echo 550.54.15")
     result = registry().get("cuda").probe()
     assert result.driver == "550.54.15"
     assert result.reason == "torch was built without CUDA"
 
 
-def test_hanging_query_tool_is_bounded(tool_dir):
+def test_hanging_query_tool_is_bounded(tool_dir, monkeypatch):
+    monkeypatch.setattr("torch.version.cuda", None)
     write_tool(tool_dir, "nvidia-smi", "sleep 60")
     start = time.monotonic()
     result = registry().get("cuda").probe(timeout=1.0)

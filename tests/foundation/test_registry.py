@@ -85,11 +85,14 @@ def installed_fake_chip(tmp_path_factory):
     target = tmp_path_factory.mktemp("site")
     source = tmp_path_factory.mktemp("src") / "fake_chip"
     shutil.copytree(ROOT / "tests" / "fixtures" / "fake_chip", source)
-    subprocess.run(
+    proc = subprocess.run(
         [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
          "--no-index", "--target", str(target), str(source)],
-        check=True, capture_output=True, text=True, timeout=300,
+        capture_output=True, text=True, timeout=300,
     )
+    if proc.returncode != 0:
+        pytest.fail("pip could not build tests/fixtures/fake_chip (setuptools<70.1 needs `wheel`):\n"
+                    + proc.stderr[-2000:])
     return target
 
 
