@@ -1,0 +1,168 @@
+"""``sim``: a simulated accelerator on PyTorch's PrivateUse1 dispatch key, in pure Python.
+
+After :func:`install`, ``torch.device("sim")`` is a device like any other: tensors live in memory
+of their own (host memory managed by a per-device caching allocator, never shared with CPU
+tensors; moving to and from the device copies bytes), autograd works, and ``torch.sim`` is the
+device module (memory statistics, RNG, streams). Operators in the native set
+(:func:`native_op_names`) run on the device by running PyTorch's CPU kernels on host views of the
+device memory; every other operator has no kernel on the device, exactly as on a chip whose
+runtime lacks it, which is what the routing layer is developed against.
+
+Environment (read by :func:`config_from_env`, not by :func:`install`): ``FL_SIM_DEVICES`` (number
+of devices; default ``LOCAL_WORLD_SIZE`` when set, else 1) and ``FL_SIM_NATIVE_OPS`` (the native
+set, see :func:`parse_native_ops`).
+"""
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import types
+from typing import Iterable, Mapping
+
+import torch
+
+from ..errors import ConfigError
+from . import registration, runtime, tensors
+from .native_ops import (RUNTIME_PRIMITIVES, can_run_natively, default_native_ops,
+                         parse_native_ops, resolve_exact, runtime_primitive_names)
+
+__all__ = [
+    "install", "is_installed", "native_op_names", "default_native_ops", "parse_native_ops",
+    "set_memory_limit", "host_view", "config_from_env", "RUNTIME_PRIMITIVES",
+]
+
+logger = logging.getLogger("flagos_torchfl.sim")
+
+_lock = threading.Lock()
+_installed: tuple[int, frozenset[str]] | None = None
+
+
+def install(num_devices: int = 1, native_ops: Iterable[str] | None = None,
+            memory_limit: int | None = None) -> types.ModuleType:
+    """Claim PyTorch's PrivateUse1 slot as device type ``sim`` and return its device module
+    (also ``torch.sim``).
+
+    ``num_devices``: number of sim devices (``sim:0`` ...). ``native_ops``: the overloads the
+    devices run natively, fully qualified as :func:`parse_native_ops` and
+    :func:`native_op_names` give them (``"aten::add.Tensor"``, ``"aten::relu"``; any other
+    name is resolved as :func:`parse_native_ops` resolves it); None: :func:`default_native_ops`.
+    Overloads that cannot have a sim kernel are dropped, and the runtime primitives
+    (:data:`RUNTIME_PRIMITIVES`) are always added. ``memory_limit``: bytes
+    each device may reserve (None: the nominal 16 GiB); :func:`set_memory_limit` changes it later.
+
+    A repeated call returns the module when ``num_devices`` and the native set equal the
+    installed ones and ``memory_limit`` equals the limit in force; otherwise it raises
+    :class:`~flagos_torchfl.errors.ConfigError` (the first two cannot change in a process).
+    Raises :class:`~flagos_torchfl.errors.PrivateUse1ClaimedError` when another backend
+    (e.g. torch_npu) holds PrivateUse1, and
+    :class:`~flagos_torchfl.errors.BackendUnavailableError` when the installed PyTorch lacks
+    what a Python PrivateUse1 backend needs.
+    """
+    global _installed
+    num_devices = _check_device_count(num_devices, "num_devices")
+    _check_limit(memory_limit)
+    native = _native_set(native_ops)
+    with _lock:
+        if _installed is not None:
+            _check_same(num_devices, native, memory_limit)
+            return torch.sim
+        module = registration.claim(num_devices, memory_limit, native)
+        _installed = (num_devices, native)
+    logger.info("sim: installed %d device(s) on PrivateUse1 with %d native operator overloads",
+                num_devices, len(native))
+    return module
+
+
+def _native_set(native_ops: Iterable[str] | None) -> frozenset[str]:
+    if native_ops is None:
+        return default_native_ops()
+    if isinstance(native_ops, str):
+        raise ConfigError("native_ops must be an iterable of operator names, not a string; "
+                          "use parse_native_ops() for a FL_SIM_NATIVE_OPS value")
+    names: set[str] = set()
+    for name in native_ops:
+        names.update(n for n in resolve_exact(name) if can_run_natively(n))
+    return frozenset(names | runtime_primitive_names())
+
+
+def _check_same(num_devices: int, native: frozenset[str], memory_limit: int | None) -> None:
+    installed_devices, installed_native = _installed
+    if num_devices != installed_devices:
+        raise ConfigError(
+            f"the sim is already installed with {installed_devices} device(s); it cannot be "
+            f"reinstalled with {num_devices} in the same process")
+    if native != installed_native:
+        added = sorted(native - installed_native)[:5]
+        removed = sorted(installed_native - native)[:5]
+        raise ConfigError(
+            "the sim is already installed with a different native operator set; it cannot change "
+            f"in the same process (would add {added or 'nothing'}, remove {removed or 'nothing'})")
+    current = runtime.allocator(0).limit
+    if memory_limit != current:
+        raise ConfigError(
+            f"the sim is already installed with memory limit {current}; use "
+            f"flagos_torchfl.sim.set_memory_limit({memory_limit}) to change it")
+
+
+def _check_device_count(value: object, source: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(f"{source} must be an integer >= 1, got {value!r}")
+    if value < 1:
+        raise ConfigError(f"{source} must be >= 1, got {value}")
+    return value
+
+
+def _check_limit(limit: object) -> None:
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
+        raise ConfigError(f"memory limit must be None or a number of bytes >= 0, got {limit!r}")
+
+
+def is_installed() -> bool:
+    """Whether :func:`install` has run in this process."""
+    return _installed is not None
+
+
+def native_op_names() -> frozenset[str]:
+    """Fully qualified overload names (``"aten::add.Tensor"``, ``"aten::relu"``) that have a sim
+    kernel; empty before :func:`install`."""
+    return frozenset() if _installed is None else _installed[1]
+
+
+def set_memory_limit(limit_bytes: int | None) -> None:
+    """Limit every sim device to ``limit_bytes`` reserved bytes (None lifts the limit; existing
+    tensors above a lowered limit stay valid, new allocations fail)."""
+    _check_limit(limit_bytes)
+    if _installed is None:
+        raise RuntimeError("the sim is not installed: call flagos_torchfl.sim.install() first")
+    for alloc in runtime.allocators():
+        alloc.set_limit(limit_bytes)
+
+
+def host_view(t: torch.Tensor) -> torch.Tensor:
+    """A CPU tensor aliasing sim tensor ``t``'s bytes, with its dtype, size, stride and offset
+    (the raw bytes: a conjugate or negative view bit of ``t`` is not carried over). Writes
+    through it change ``t``; it keeps ``t``'s memory alive, but no longer sees ``t``'s bytes
+    once ``t``'s storage has been resized (``resize_`` growing it, ``storage.resize_``)."""
+    return tensors.host_view(t)
+
+
+def config_from_env(environ: Mapping[str, str] = os.environ
+                    ) -> tuple[int, frozenset[str] | None]:
+    """``(num_devices, native_ops)`` from ``FL_SIM_DEVICES`` (else ``LOCAL_WORLD_SIZE``, else 1)
+    and ``FL_SIM_NATIVE_OPS`` (None when unset or empty). Raises
+    :class:`~flagos_torchfl.errors.ConfigError` for a device count that is not an integer >= 1
+    and for an invalid native op list."""
+    num_devices = 1
+    for var in ("FL_SIM_DEVICES", "LOCAL_WORLD_SIZE"):
+        raw = environ.get(var)
+        if raw is not None and raw.strip():
+            try:
+                value = int(raw.strip())
+            except ValueError:
+                raise ConfigError(f"{var} must be an integer >= 1, got {raw!r}") from None
+            num_devices = _check_device_count(value, var)
+            break
+    spec = environ.get("FL_SIM_NATIVE_OPS", "")
+    native = parse_native_ops(spec) if spec.strip() else None
+    return num_devices, native

@@ -1,0 +1,388 @@
+"""The sim device's caching allocator: host memory that stands for device memory.
+
+One :class:`CachingAllocator` per sim device. Memory is reserved from the host in *segments*
+(each a private CPU byte buffer that no CPU tensor of the user's sees) and handed out as
+*blocks* carved from segments, in the manner of CUDA's caching allocator:
+
+* a request of ``n`` bytes is rounded up to a multiple of :data:`BLOCK_ROUND` (512); a request of
+  0 bytes gets no block at all (a null pointer, as on CUDA);
+* requests up to :data:`SMALL_REQUEST` (1 MiB) come from the small pool, whose segments are
+  :data:`SMALL_SEGMENT` (2 MiB) each; larger requests come from the large pool, whose segments are
+  exactly as large as the request that created them;
+* a request takes the best-fitting cached free block of its pool (the smallest that is large
+  enough, lowest address first) and splits off the remainder, which stays cached; so the
+  allocated bytes are always exactly the sum of the rounded sizes of the live blocks;
+* a freed block merges with free neighbours of its segment and stays cached (reserved);
+  :meth:`CachingAllocator.empty_cache` gives every wholly free segment back to the host;
+* the device's capacity is the memory limit when one is set, else :data:`NOMINAL_TOTAL_MEMORY`
+  (16 GiB). A new segment that would push the reserved bytes past the capacity first empties the
+  cache and retries (counted in ``num_alloc_retries``); when it still does not fit, the request
+  fails with :class:`torch.OutOfMemoryError` (counted in ``num_ooms``). A small-pool segment is
+  shortened to what the capacity leaves when the full 2 MiB would not fit.
+
+Statistics follow ``torch.cuda.memory_stats`` naming (``allocated_bytes.all.current`` ...).
+The allocator is safe to call from several threads and from a finalizer that fires while it is
+busy (such frees are queued and applied before the busy call returns).
+"""
+from __future__ import annotations
+
+import bisect
+import collections
+import logging
+import threading
+from typing import Callable
+
+import torch
+
+logger = logging.getLogger("flagos_torchfl.sim")
+
+BLOCK_ROUND = 512
+SMALL_REQUEST = 1 << 20
+SMALL_SEGMENT = 2 << 20
+NOMINAL_TOTAL_MEMORY = 16 << 30
+
+_POOLS = ("small_pool", "large_pool")
+_STAT_GROUPS = ("all",) + _POOLS
+
+
+def round_size(nbytes: int) -> int:
+    """The block size a request of ``nbytes`` occupies (0 for 0)."""
+    return -(-nbytes // BLOCK_ROUND) * BLOCK_ROUND
+
+
+def format_size(nbytes: int) -> str:
+    """``nbytes`` in the largest binary unit that keeps it above 1 (e.g. ``'1.50 MiB'``)."""
+    value = float(nbytes)
+    for unit in ("bytes", "KiB", "MiB", "GiB"):
+        if abs(value) < 1024 or unit == "GiB":
+            return f"{int(value)} bytes" if unit == "bytes" else f"{value:.2f} {unit}"
+        value /= 1024
+    return f"{value:.2f} GiB"
+
+
+class _Segment:
+    """A host buffer reserved for the device; owns the bytes of the blocks carved from it."""
+
+    __slots__ = ("buffer", "ptr", "size", "pool", "blocks")
+
+    def __init__(self, size: int, pool: str):
+        self.buffer = torch.empty(size, dtype=torch.uint8, device="cpu")
+        self.ptr = self.buffer.data_ptr()
+        self.size = size
+        self.pool = pool
+        self.blocks = 0
+
+
+class Block:
+    """A piece of a segment: ``size`` bytes at host address ``ptr``, ``requested`` of them
+    asked for."""
+
+    __slots__ = ("segment", "ptr", "size", "requested", "free", "prev", "next", "__weakref__")
+
+    def __init__(self, segment: _Segment, ptr: int, size: int):
+        self.segment = segment
+        self.ptr = ptr
+        self.size = size
+        self.requested = 0
+        self.free = True
+        self.prev: Block | None = None
+        self.next: Block | None = None
+
+    def __repr__(self) -> str:
+        state = "free" if self.free else "allocated"
+        return f"Block(ptr=0x{self.ptr:x}, size={self.size}, {state})"
+
+
+class _Stat:
+    __slots__ = ("current", "peak", "allocated", "freed")
+
+    def __init__(self):
+        self.current = self.peak = self.allocated = self.freed = 0
+
+    def increase(self, amount: int) -> None:
+        self.current += amount
+        self.allocated += amount
+        self.peak = max(self.peak, self.current)
+
+    def decrease(self, amount: int) -> None:
+        self.current -= amount
+        self.freed += amount
+
+
+class CachingAllocator:
+    """Caching allocator of one sim device (see the module docstring for the policy)."""
+
+    def __init__(self, device_index: int, limit: int | None = None,
+                 device_name: Callable[[int], str] | None = None):
+        self.device_index = device_index
+        self._limit = limit
+        self._device_name = device_name or (lambda i: f"sim:{i}")
+        self._lock = threading.RLock()
+        self._depth = 0
+        self._pending: collections.deque[Block] = collections.deque()
+        self._free: dict[str, list[tuple[int, int, Block]]] = {pool: [] for pool in _POOLS}
+        self._segments: set[_Segment] = set()
+        self._stats = {name: {group: _Stat() for group in _STAT_GROUPS} for name in
+                       ("allocation", "segment", "allocated_bytes", "reserved_bytes",
+                        "requested_bytes")}
+        self.num_alloc_retries = 0
+        self.num_ooms = 0
+
+    # -- configuration ----------------------------------------------------------------------
+    @property
+    def limit(self) -> int | None:
+        """The memory limit in bytes, or None when the nominal capacity applies."""
+        return self._limit
+
+    def set_limit(self, limit: int | None) -> None:
+        """Set (or with None, lift) the limit; live blocks above a lowered limit stay valid."""
+        with self._lock:
+            self._limit = limit
+
+    @property
+    def capacity(self) -> int:
+        """Total bytes of the device: the limit if set, else :data:`NOMINAL_TOTAL_MEMORY`."""
+        return NOMINAL_TOTAL_MEMORY if self._limit is None else self._limit
+
+    # -- allocation -------------------------------------------------------------------------
+    def allocate(self, nbytes: int) -> Block | None:
+        """A block of at least ``nbytes`` bytes (None for 0); raises ``torch.OutOfMemoryError``."""
+        if nbytes < 0:
+            raise ValueError(f"cannot allocate a negative number of bytes ({nbytes})")
+        if nbytes == 0:
+            return None
+        size = round_size(nbytes)
+        pool = "small_pool" if size <= SMALL_REQUEST else "large_pool"
+        with self._lock:
+            self._depth += 1
+            try:
+                block = self._take_cached(size, pool)
+                if block is None:
+                    block = self._new_segment_block(size, nbytes, pool)
+                block.free = False
+                block.requested = nbytes
+                block.segment.blocks += 1
+                for group in ("all", pool):
+                    self._stats["allocation"][group].increase(1)
+                    self._stats["allocated_bytes"][group].increase(block.size)
+                    self._stats["requested_bytes"][group].increase(nbytes)
+                return block
+            finally:
+                self._leave()
+
+    def free(self, block: Block) -> None:
+        """Return ``block`` to the cache (it stays reserved until :meth:`empty_cache`)."""
+        with self._lock:
+            if self._depth:
+                self._pending.append(block)
+                return
+            self._depth += 1
+            try:
+                self._release(block)
+            finally:
+                self._leave()
+
+    def empty_cache(self) -> int:
+        """Give every wholly free segment back to the host; returns the bytes released."""
+        with self._lock:
+            self._depth += 1
+            try:
+                return self._release_free_segments()
+            finally:
+                self._leave()
+
+    def _leave(self) -> None:
+        try:
+            while self._pending and self._depth == 1:
+                self._release(self._pending.popleft())
+        finally:
+            self._depth -= 1
+
+    def _take_cached(self, size: int, pool: str) -> Block | None:
+        free = self._free[pool]
+        i = bisect.bisect_left(free, (size, 0))
+        if i == len(free):
+            return None
+        block = free.pop(i)[2]
+        self._split(block, size)
+        return block
+
+    def _split(self, block: Block, size: int) -> None:
+        rest = block.size - size
+        if rest < BLOCK_ROUND:
+            return
+        tail = Block(block.segment, block.ptr + size, rest)
+        tail.prev, tail.next = block, block.next
+        if block.next is not None:
+            block.next.prev = tail
+        block.next = tail
+        block.size = size
+        self._insert_free(tail)
+
+    def _insert_free(self, block: Block) -> None:
+        bisect.insort(self._free[block.segment.pool], (block.size, block.ptr, block))
+
+    def _remove_free(self, block: Block) -> None:
+        free = self._free[block.segment.pool]
+        i = bisect.bisect_left(free, (block.size, block.ptr))
+        if i < len(free) and free[i][2] is block:
+            del free[i]
+        else:  # defensive: never expected, keeps the cache consistent if it happens
+            free[:] = [entry for entry in free if entry[2] is not block]
+
+    def _new_segment_block(self, size: int, nbytes: int, pool: str) -> Block:
+        seg_size = self._segment_size(size, pool)
+        if seg_size is None:
+            self.num_alloc_retries += 1
+            released = self._release_free_segments()
+            logger.debug("%s: cache emptied (%d bytes) to fit %d bytes",
+                         self._device_name(self.device_index), released, size)
+            seg_size = self._segment_size(size, pool)
+        if seg_size is None:
+            self._raise_oom(nbytes, size)
+        try:
+            segment = _Segment(seg_size, pool)
+        except RuntimeError:  # the host itself is out of memory
+            self._release_free_segments()
+            try:
+                segment = _Segment(seg_size, pool)
+            except RuntimeError:
+                self._raise_oom(nbytes, size, host=True)
+        self._segments.add(segment)
+        for group in ("all", pool):
+            self._stats["segment"][group].increase(1)
+            self._stats["reserved_bytes"][group].increase(seg_size)
+        block = Block(segment, segment.ptr, seg_size)
+        self._split(block, size)
+        return block
+
+    def _segment_size(self, size: int, pool: str) -> int | None:
+        room = self.capacity - self._stats["reserved_bytes"]["all"].current
+        if pool == "large_pool":
+            return size if size <= room else None
+        seg = min(SMALL_SEGMENT, room - room % BLOCK_ROUND)
+        return seg if seg >= size else None
+
+    def _raise_oom(self, nbytes: int, size: int, host: bool = False) -> None:
+        self.num_ooms += 1
+        device = self._device_name(self.device_index)
+        reserved = self._stats["reserved_bytes"]["all"].current
+        allocated = self._stats["allocated_bytes"]["all"].current
+        if self._limit is not None:
+            cap = f"memory limit of {format_size(self._limit)} ({self._limit} bytes)"
+        else:
+            cap = f"nominal capacity of {format_size(NOMINAL_TOTAL_MEMORY)}"
+        why = "the host could not provide the memory" if host else f"the device has a {cap}"
+        raise torch.OutOfMemoryError(
+            f"{device} out of memory: tried to allocate {format_size(nbytes)} ({nbytes} bytes, "
+            f"{size} rounded); {why}; {format_size(allocated)} allocated, "
+            f"{format_size(reserved)} reserved, "
+            f"{format_size(max(self.capacity - reserved, 0))} free."
+        )
+
+    def _release(self, block: Block) -> None:
+        if block.free:
+            device = self._device_name(self.device_index)
+            raise RuntimeError(f"double free of {block!r} on {device}")
+        pool = block.segment.pool
+        for group in ("all", pool):
+            self._stats["allocation"][group].decrease(1)
+            self._stats["allocated_bytes"][group].decrease(block.size)
+            self._stats["requested_bytes"][group].decrease(block.requested)
+        block.segment.blocks -= 1
+        block.free = True
+        block.requested = 0
+        for neighbour in (block.prev, block.next):
+            if neighbour is not None and neighbour.free:
+                self._remove_free(neighbour)
+                self._merge(block, neighbour)
+        self._insert_free(block)
+
+    @staticmethod
+    def _merge(block: Block, other: Block) -> None:
+        if other is block.prev:
+            block.ptr, block.prev = other.ptr, other.prev
+            if other.prev is not None:
+                other.prev.next = block
+        else:
+            block.next = other.next
+            if other.next is not None:
+                other.next.prev = block
+        block.size += other.size
+
+    def _release_free_segments(self) -> int:
+        released = 0
+        for pool in _POOLS:
+            keep = []
+            for entry in self._free[pool]:
+                block = entry[2]
+                seg = block.segment
+                if block.prev is None and block.next is None and seg.blocks == 0:
+                    self._segments.discard(seg)
+                    released += seg.size
+                    for group in ("all", pool):
+                        self._stats["segment"][group].decrease(1)
+                        self._stats["reserved_bytes"][group].decrease(seg.size)
+                else:
+                    keep.append(entry)
+            self._free[pool] = keep
+        return released
+
+    # -- statistics -------------------------------------------------------------------------
+    @property
+    def allocated(self) -> int:
+        """Bytes in live blocks."""
+        return self._stats["allocated_bytes"]["all"].current
+
+    @property
+    def reserved(self) -> int:
+        """Bytes held from the host (live blocks plus the cache)."""
+        return self._stats["reserved_bytes"]["all"].current
+
+    @property
+    def max_allocated(self) -> int:
+        """Peak of :attr:`allocated` since start or the last peak reset."""
+        return self._stats["allocated_bytes"]["all"].peak
+
+    @property
+    def max_reserved(self) -> int:
+        """Peak of :attr:`reserved` since start or the last peak reset."""
+        return self._stats["reserved_bytes"]["all"].peak
+
+    def stats(self) -> collections.OrderedDict[str, int]:
+        """All statistics, keyed as ``torch.cuda.memory_stats`` keys them, sorted by key."""
+        with self._lock:
+            out: dict[str, int] = {}
+            for name, groups in self._stats.items():
+                for group, stat in groups.items():
+                    for field in ("current", "peak", "allocated", "freed"):
+                        out[f"{name}.{group}.{field}"] = getattr(stat, field)
+                    if name == "allocation":
+                        for field in ("current", "peak", "allocated", "freed"):
+                            out[f"active.{group}.{field}"] = getattr(stat, field)
+                    if name == "allocated_bytes":
+                        for field in ("current", "peak", "allocated", "freed"):
+                            out[f"active_bytes.{group}.{field}"] = getattr(stat, field)
+            out["num_alloc_retries"] = self.num_alloc_retries
+            out["num_ooms"] = self.num_ooms
+            out["num_device_alloc"] = self._stats["segment"]["all"].allocated
+            out["num_device_free"] = self._stats["segment"]["all"].freed
+            out["num_sync_all_streams"] = 0
+            out["max_split_size"] = -1
+            return collections.OrderedDict(sorted(out.items()))
+
+    def reset_peak(self) -> None:
+        """Set every peak to its current value."""
+        with self._lock:
+            for groups in self._stats.values():
+                for stat in groups.values():
+                    stat.peak = stat.current
+
+    def reset_accumulated(self) -> None:
+        """Zero the cumulative counters (allocated/freed totals, retries, OOMs)."""
+        with self._lock:
+            for groups in self._stats.values():
+                for stat in groups.values():
+                    stat.allocated = stat.freed = 0
+            self.num_alloc_retries = 0
+            self.num_ooms = 0

@@ -1,0 +1,385 @@
+"""The ``torch.sim`` device module: what PyTorch and scripts look up on ``torch.<device>``.
+
+Arguments named ``device`` accept an index, ``'sim:N'``, a ``torch.device`` or None (the current
+device), as on ``torch.cuda``. Work on a sim device runs inline in the calling thread, so it has
+finished when a call returns: streams are always idle, synchronisation returns at once, and an
+event's time is the host time at which it was recorded.
+"""
+from __future__ import annotations
+
+import collections
+import threading
+import time
+from typing import Any, Iterable
+
+import torch
+
+from . import runtime
+
+__all__ = [
+    "is_available", "is_initialized", "device_count", "current_device", "set_device", "device",
+    "device_of", "synchronize", "get_device_name", "get_device_properties",
+    "get_amp_supported_dtype", "is_bf16_supported",
+    "manual_seed", "manual_seed_all", "seed", "seed_all", "initial_seed", "get_rng_state",
+    "set_rng_state", "get_rng_state_all", "set_rng_state_all",
+    "memory_allocated", "max_memory_allocated", "memory_reserved", "max_memory_reserved",
+    "reset_peak_memory_stats", "reset_accumulated_memory_stats", "memory_stats", "mem_get_info",
+    "empty_cache",
+    "Stream", "Event", "current_stream", "default_stream", "set_stream", "stream",
+    "StreamContext",
+]
+
+DEVICE_NAME = "flagos sim device"
+
+_index = runtime.to_index
+
+
+# -- availability and devices ----------------------------------------------------------------
+def is_available() -> bool:
+    """True once the sim is installed with at least one device."""
+    return runtime.device_count() > 0
+
+
+def is_initialized() -> bool:
+    """True once the sim is installed (it needs no further initialisation)."""
+    return runtime.device_count() > 0
+
+
+def _lazy_init() -> None:
+    """Nothing to do: the sim is ready when installed (PyTorch calls this before first use)."""
+
+
+def _is_in_bad_fork() -> bool:
+    """Always False: the sim's state is plain host memory, valid in a forked child."""
+    return False
+
+
+def device_count() -> int:
+    """Number of sim devices."""
+    return runtime.device_count()
+
+
+def current_device() -> int:
+    """Index of the calling thread's current sim device."""
+    return runtime.current_device()
+
+
+def set_device(device: Any) -> None:
+    """Make ``device`` the calling thread's current sim device (a negative index is ignored)."""
+    if isinstance(device, int) and device < 0:
+        return
+    runtime.set_current_device(_index(device))
+
+
+class device:
+    """Context manager that makes ``device`` the current sim device and restores the previous
+    one on exit (``None`` or a negative index changes nothing)."""
+
+    def __init__(self, device: Any):
+        self.idx = -1 if device is None else (device if isinstance(device, int) and device < 0
+                                              else _index(device))
+        self.prev_idx = -1
+
+    def __enter__(self):
+        if self.idx >= 0:
+            self.prev_idx = runtime.current_device()
+            runtime.set_current_device(self.idx)
+        return self
+
+    def __exit__(self, *exc: object) -> bool:
+        if self.idx >= 0:
+            runtime.set_current_device(self.prev_idx)
+        return False
+
+
+class device_of(device):
+    """Context manager that makes the device of tensor ``obj`` current (if it is a sim tensor)."""
+
+    def __init__(self, obj: torch.Tensor):
+        super().__init__(obj.get_device() if obj.device.type == runtime.DEVICE_TYPE else -1)
+
+
+def synchronize(device: Any = None) -> None:
+    """Wait for all work on ``device``: returns at once, since sim work runs inline."""
+    _index(device)
+
+
+def get_device_name(device: Any = None) -> str:
+    """``'flagos sim device'``."""
+    _index(device)
+    return DEVICE_NAME
+
+
+class _DeviceProperties:
+    """What :func:`get_device_properties` reports about one sim device."""
+
+    def __init__(self, index: int):
+        self.name = DEVICE_NAME
+        self.type = runtime.DEVICE_TYPE
+        self.index = index
+        self.total_memory = runtime.allocator(index).capacity
+        self.is_integrated = True
+        self.multi_processor_count = 1
+        self.major = 0
+        self.minor = 0
+
+    def __repr__(self) -> str:
+        return (f"_SimDeviceProperties(name='{self.name}', index={self.index}, "
+                f"total_memory={self.total_memory // (1 << 20)}MB)")
+
+
+def get_device_properties(device: Any = None) -> _DeviceProperties:
+    """Name, index and total memory (the memory limit if set, else the nominal 16 GiB)."""
+    return _DeviceProperties(_index(device))
+
+
+def get_amp_supported_dtype() -> list[torch.dtype]:
+    """The low-precision dtypes autocast may use on the sim: float16 and bfloat16."""
+    return [torch.float16, torch.bfloat16]
+
+
+def is_bf16_supported(including_emulation: bool = True) -> bool:
+    """True: the sim computes bfloat16 with the CPU's kernels."""
+    return True
+
+
+# -- random numbers ------------------------------------------------------------------------
+def manual_seed(seed: int) -> None:
+    """Seed the current device's generator."""
+    runtime.generator(runtime.current_device()).manual_seed(int(seed))
+
+
+def manual_seed_all(seed: int) -> None:
+    """Seed every device's generator."""
+    for i in range(runtime.device_count()):
+        runtime.generator(i).manual_seed(int(seed))
+
+
+def seed() -> None:
+    """Seed the current device's generator with a non-deterministic number."""
+    runtime.generator(runtime.current_device()).seed()
+
+
+def seed_all() -> None:
+    """Seed every device's generator with one non-deterministic number."""
+    value = torch.Generator().seed()
+    manual_seed_all(value)
+
+
+def initial_seed() -> int:
+    """The seed the current device's generator was last seeded with."""
+    return runtime.generator(runtime.current_device()).initial_seed()
+
+
+def get_rng_state(device: Any = runtime.DEVICE_TYPE) -> torch.Tensor:
+    """The state of ``device``'s generator, as a CPU ByteTensor."""
+    return runtime.generator(_index(device)).get_state()
+
+
+def set_rng_state(new_state: torch.Tensor, device: Any = runtime.DEVICE_TYPE) -> None:
+    """Restore ``device``'s generator from a state returned by :func:`get_rng_state`."""
+    runtime.generator(_index(device)).set_state(new_state.to("cpu", torch.uint8))
+
+
+def get_rng_state_all() -> list[torch.Tensor]:
+    """Every device's generator state, by index."""
+    return [runtime.generator(i).get_state() for i in range(runtime.device_count())]
+
+
+def set_rng_state_all(new_states: Iterable[torch.Tensor]) -> None:
+    """Restore every device's generator, by index."""
+    for i, state in enumerate(new_states):
+        set_rng_state(state, i)
+
+
+# -- memory ----------------------------------------------------------------------------------
+def memory_allocated(device: Any = None) -> int:
+    """Bytes held by live sim tensors' storages on ``device`` (rounded to 512-byte blocks)."""
+    return runtime.allocator(_index(device)).allocated
+
+
+def max_memory_allocated(device: Any = None) -> int:
+    """Peak of :func:`memory_allocated` since start or the last :func:`reset_peak_memory_stats`."""
+    return runtime.allocator(_index(device)).max_allocated
+
+
+def memory_reserved(device: Any = None) -> int:
+    """Bytes reserved by ``device``'s caching allocator (allocated plus cached)."""
+    return runtime.allocator(_index(device)).reserved
+
+
+def max_memory_reserved(device: Any = None) -> int:
+    """Peak of :func:`memory_reserved` since start or the last :func:`reset_peak_memory_stats`."""
+    return runtime.allocator(_index(device)).max_reserved
+
+
+def reset_peak_memory_stats(device: Any = None) -> None:
+    """Set ``device``'s peak statistics to their current values."""
+    runtime.allocator(_index(device)).reset_peak()
+
+
+def reset_accumulated_memory_stats(device: Any = None) -> None:
+    """Zero ``device``'s cumulative counters (allocations, frees, retries, OOMs)."""
+    runtime.allocator(_index(device)).reset_accumulated()
+
+
+def memory_stats(device: Any = None) -> collections.OrderedDict[str, int]:
+    """``device``'s allocator statistics, keyed like ``torch.cuda.memory_stats``."""
+    return runtime.allocator(_index(device)).stats()
+
+
+def mem_get_info(device: Any = None) -> tuple[int, int]:
+    """``(free, total)`` bytes of ``device``: total is the memory limit if set, else the nominal
+    16 GiB; free is total minus the reserved bytes."""
+    alloc = runtime.allocator(_index(device))
+    return max(alloc.capacity - alloc.reserved, 0), alloc.capacity
+
+
+def empty_cache() -> None:
+    """Release every device's cached, unused memory back to the host."""
+    for alloc in runtime.allocators():
+        alloc.empty_cache()
+
+
+# -- streams and events ----------------------------------------------------------------------
+class Stream:
+    """A sim stream. Work runs inline, so a stream is always idle; the class exists so that
+    stream-aware code runs unchanged."""
+
+    _ids = iter(range(1, 1 << 62))
+    _ids_lock = threading.Lock()
+
+    def __init__(self, device: Any = None, priority: int = 0, *, _stream_id: int | None = None):
+        self.device = torch.device(runtime.DEVICE_TYPE, _index(device))
+        self.priority = priority
+        if _stream_id is None:
+            with Stream._ids_lock:
+                _stream_id = next(Stream._ids)
+        self.stream_id = _stream_id
+
+    def query(self) -> bool:
+        """True: all work submitted to the stream has completed."""
+        return True
+
+    def synchronize(self) -> None:
+        """Return at once: the stream's work has completed."""
+
+    def wait_event(self, event: Event) -> None:
+        """Return at once: the event's work has completed."""
+
+    def wait_stream(self, stream: Stream) -> None:
+        """Return at once: the other stream's work has completed."""
+
+    def record_event(self, event: Event | None = None) -> Event:
+        """Record ``event`` (a new one if None) on this stream and return it."""
+        event = Event() if event is None else event
+        event.record(self)
+        return event
+
+    def __eq__(self, other: object) -> bool:
+        return (isinstance(other, Stream) and other.device == self.device
+                and other.stream_id == self.stream_id)
+
+    def __hash__(self) -> int:
+        return hash((self.device, self.stream_id))
+
+    def __repr__(self) -> str:
+        return f"<torch.sim.Stream device={self.device} stream_id={self.stream_id}>"
+
+
+_default_streams: dict[int, Stream] = {}
+_stream_local = threading.local()
+
+
+def default_stream(device: Any = None) -> Stream:
+    """``device``'s default stream."""
+    index = _index(device)
+    s = _default_streams.get(index)
+    if s is None:
+        s = _default_streams.setdefault(index, Stream(index, _stream_id=0))
+    return s
+
+
+def current_stream(device: Any = None) -> Stream:
+    """The calling thread's current stream on ``device`` (its default stream unless set)."""
+    index = _index(device)
+    current = getattr(_stream_local, "streams", {})
+    return current.get(index) or default_stream(index)
+
+
+def set_stream(stream: Stream) -> None:
+    """Make ``stream`` current on its device for the calling thread."""
+    if stream is None:
+        return
+    if not hasattr(_stream_local, "streams"):
+        _stream_local.streams = {}
+    _stream_local.streams[stream.device.index] = stream
+
+
+class StreamContext:
+    """Context manager that makes ``stream`` current (and its device the current device)."""
+
+    def __init__(self, stream: Stream | None):
+        self.stream = stream
+        self._prev_stream: Stream | None = None
+        self._device: device | None = None
+
+    def __enter__(self):
+        if self.stream is not None:
+            self._device = device(self.stream.device.index)
+            self._device.__enter__()
+            self._prev_stream = current_stream(self.stream.device.index)
+            set_stream(self.stream)
+        return self
+
+    def __exit__(self, *exc: object) -> bool:
+        if self.stream is not None:
+            set_stream(self._prev_stream)
+            self._device.__exit__(*exc)
+        return False
+
+
+def stream(stream: Stream | None) -> StreamContext:
+    """Context manager selecting ``stream`` (None selects nothing)."""
+    return StreamContext(stream)
+
+
+class Event:
+    """A sim event: recording takes the host time, and the event is complete at once."""
+
+    def __init__(self, enable_timing: bool = False, blocking: bool = False,
+                 interprocess: bool = False):
+        if interprocess:
+            raise RuntimeError("sim events cannot be shared between processes")
+        self.enable_timing = enable_timing
+        self.blocking = blocking
+        self._time: float | None = None
+        self.device: torch.device | None = None
+
+    def record(self, stream: Stream | None = None) -> None:
+        """Mark the event at the current host time on ``stream`` (default: the current one)."""
+        stream = current_stream() if stream is None else stream
+        self.device = stream.device
+        self._time = time.perf_counter()
+
+    def wait(self, stream: Stream | None = None) -> None:
+        """Return at once: the work before the event has completed."""
+
+    def query(self) -> bool:
+        """True: the work before the event has completed."""
+        return True
+
+    def synchronize(self) -> None:
+        """Return at once: the work before the event has completed."""
+
+    def elapsed_time(self, end_event: Event) -> float:
+        """Milliseconds of host time between this event's and ``end_event``'s recording."""
+        if not (self.enable_timing and end_event.enable_timing):
+            raise RuntimeError("Both events must be created with argument 'enable_timing=True'.")
+        if self._time is None or end_event._time is None:
+            raise RuntimeError("Both events must be recorded before calculating elapsed time.")
+        return (end_event._time - self._time) * 1000.0
+
+    def __repr__(self) -> str:
+        state = "recorded" if self._time is not None else "not recorded"
+        return f"<torch.sim.Event {state}>"

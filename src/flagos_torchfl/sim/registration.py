@@ -1,0 +1,157 @@
+"""Claiming PyTorch's PrivateUse1 slot for the sim (what
+``torch.utils.backend_registration._setup_privateuseone_for_python_backend`` does, with the
+sim's own device module, device guard and hooks, plus serialization and native kernels)."""
+from __future__ import annotations
+
+import sys
+import types
+from typing import Iterable
+
+import torch
+import torch.serialization
+
+from ..errors import BackendUnavailableError, PrivateUse1ClaimedError
+from . import device as device_module
+from . import kernels, runtime, tensors, torch_patches
+
+_UNCLAIMED = "privateuseone"
+_KNOWN_VENDORS = {
+    "npu": "torch_npu", "mlu": "torch_mlu", "musa": "torch_musa", "gcu": "torch_gcu",
+    "dipu": "torch_dipu", "xpu": "intel_extension_for_pytorch", "hpu": "habana_frameworks",
+}
+
+_keep_alive: list[object] = []
+
+
+def _guard_and_hooks() -> tuple[object, object]:
+    """The device guard and hooks PyTorch's C++ side uses for PrivateUse1. Only the device type
+    and availability come from Python; the rest is fixed in C++ (device 0, one device, inline
+    streams), which :mod:`flagos_torchfl.sim.torch_patches` makes up for where it shows."""
+
+    class DeviceGuard(torch._C._acc.DeviceGuard):
+        def type_(self):
+            return torch._C._autograd.DeviceType.PrivateUse1
+
+    class Hooks(torch._C._acc.PrivateUse1Hooks):
+        def is_available(self) -> bool:
+            return runtime.device_count() > 0
+
+        def has_primary_context(self, dev_id: int) -> bool:
+            return 0 <= dev_id < runtime.device_count()
+
+        def is_built(self) -> bool:
+            return True
+
+    return DeviceGuard(), Hooks()
+
+
+def missing_torch_features() -> list[str]:
+    """What the sim needs from PyTorch that the installed version lacks (empty when none)."""
+    needs = {
+        "torch._C._acc (Python PrivateUse1 backends)": hasattr(torch._C, "_acc"),
+        "torch._C._construct_storage_from_data_pointer":
+            hasattr(torch._C, "_construct_storage_from_data_pointer"),
+        "torch.UntypedStorage._swap_data_ptr_": hasattr(torch.UntypedStorage, "_swap_data_ptr_"),
+        "torch.library.Library.fallback": hasattr(torch.library.Library, "fallback"),
+        "torch.accelerator": hasattr(torch, "accelerator"),
+    }
+    return [name for name, present in needs.items() if not present]
+
+
+def _vendor_of(name: str) -> str | None:
+    module = getattr(torch, name, None)
+    root = getattr(module, "__name__", "").split(".")[0]
+    if root and root != "torch":
+        return root
+    for candidate in (_KNOWN_VENDORS.get(name), f"torch_{name}"):
+        if candidate and candidate in sys.modules:
+            return candidate
+    return None
+
+
+def current_owner() -> str | None:
+    """Who holds the PrivateUse1 slot, in words, or None if it is free or the sim's."""
+    name = torch._C._get_privateuse1_backend_name()
+    if name == runtime.DEVICE_TYPE:
+        module = getattr(torch, name, None)
+        if module is None or module is device_module:
+            return None
+        return f"backend {name!r} (device module {getattr(module, '__name__', module)!r})"
+    if name != _UNCLAIMED:
+        vendor = _vendor_of(name)
+        return f"backend {name!r}" + (f" (registered by {vendor})" if vendor else "")
+    if getattr(torch, _UNCLAIMED, None) is not None:
+        return f"an unnamed PrivateUse1 backend with device module {getattr(torch, _UNCLAIMED)!r}"
+    if torch._C._dispatch_has_backend_fallback(torch._C.DispatchKey.PrivateUse1):
+        return "an unnamed PrivateUse1 backend that registered a backend fallback"
+    return None
+
+
+def claim(num_devices: int, memory_limit: int | None,
+          native: Iterable[str]) -> types.ModuleType:
+    """Register the sim on PrivateUse1 as ``sim``; returns the device module (``torch.sim``).
+    Raises :class:`PrivateUse1ClaimedError` if another backend holds the slot."""
+    missing = missing_torch_features()
+    if missing:
+        raise BackendUnavailableError(
+            runtime.DEVICE_TYPE,
+            f"PyTorch {torch.__version__} lacks {', '.join(missing)}; the sim needs a newer "
+            "PyTorch (2.13 is tested)")
+    owner = current_owner()
+    if owner is not None:
+        raise PrivateUse1ClaimedError(
+            f"cannot install the sim device: PyTorch's single PrivateUse1 slot is already taken "
+            f"by {owner}. One process can host one PrivateUse1 backend; run the sim in a process "
+            "that does not load that backend."
+        )
+    runtime.start(num_devices, memory_limit)
+    name = runtime.DEVICE_TYPE
+    if torch._C._get_privateuse1_backend_name() != name:
+        torch.utils.rename_privateuse1_backend(name)
+    if not hasattr(torch.Tensor, name):
+        torch.utils.generate_methods_for_privateuse1_backend(
+            for_tensor=True, for_module=True, for_packed_sequence=True, for_storage=False)
+    if getattr(torch, name, None) is None:
+        torch._register_device_module(name, device_module)
+    guard, hooks = _guard_and_hooks()
+    if not torch._C._acc.register_python_privateuseone_hook(hooks):
+        raise PrivateUse1ClaimedError("PrivateUse1 hooks are already registered by another backend")
+    if not torch._C._acc.register_python_privateuseone_device_guard(guard):
+        raise PrivateUse1ClaimedError(
+            "a PrivateUse1 device guard is already registered by another backend")
+    library = torch.library.Library("aten", "IMPL")
+    kernels.register(library, native)
+    _keep_alive.extend([hooks, guard, library, _autocast_fallthrough()])
+    torch.serialization.register_package(19, _sim_tag, _sim_restore)
+    torch_patches.apply(num_devices)
+    return device_module
+
+
+def _autocast_fallthrough() -> torch.library.Library | None:
+    """Let operators pass through the AutocastPrivateUse1 key, as C++ backends do: without it,
+    every operator under ``torch.autocast("sim")`` fails. Casting rules (per-operator kernels on
+    that key) stay free for others to register."""
+    key = torch._C.DispatchKey.AutocastPrivateUse1
+    if torch._C._dispatch_has_backend_fallback(key):
+        return None
+    library = torch.library.Library("_", "IMPL")
+    library.fallback(torch.library.fallthrough_kernel, "AutocastPrivateUse1")
+    return library
+
+
+def _sim_tag(obj: object) -> str | None:
+    dev = getattr(obj, "device", None)
+    if isinstance(dev, torch.device) and dev.type == runtime.DEVICE_TYPE:
+        return f"{runtime.DEVICE_TYPE}:{dev.index or 0}"
+    return None
+
+
+def _sim_restore(obj: torch.UntypedStorage, location: str) -> torch.UntypedStorage | None:
+    """``torch.load`` hook: put a storage restored on the host onto the sim device that
+    ``location`` (``'sim'`` or ``'sim:N'``) names."""
+    if location != runtime.DEVICE_TYPE and not location.startswith(runtime.DEVICE_TYPE + ":"):
+        return None
+    index = runtime.to_index(torch.device(location))
+    if obj.device == torch.device(runtime.DEVICE_TYPE, index):
+        return obj
+    return tensors.copy_storage_to_sim(obj, index)

@@ -1,0 +1,180 @@
+"""The few places where PyTorch's C++ side needs from a PrivateUse1 backend something a Python
+backend cannot register, answered at the Python entry points instead.
+
+A backend written in C++ registers an allocator, a device count and a caching-allocator
+interface with c10; from Python only a device guard of fixed behaviour (device 0, one device) and
+a few hooks can be registered. Left alone, that makes PyTorch
+
+* dereference a null allocator (a segmentation fault) in ``torch.UntypedStorage(n, device=...)``,
+  ``UntypedStorage.new()`` and so in ``storage.clone()``, ``copy.deepcopy`` of a tensor,
+  ``storage.to(device)``;
+* refuse ``UntypedStorage.resize_`` (which FSDP uses to free and restore parameter memory);
+* run the backward pass of tensors on device index >= 1 into an autograd engine that made a
+  worker queue for one device only (an internal assertion, then a crash at exit);
+* answer ``torch.accelerator.synchronize``, ``current_device_index`` and the memory queries
+  wrongly or with an internal assertion.
+
+Each patch changes behaviour only for sim devices and delegates everything else to PyTorch.
+"""
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable
+
+import torch
+import torch.autograd.variable
+
+from . import runtime, tensors
+
+_SIM = runtime.DEVICE_TYPE
+_applied = False
+
+
+def apply(num_devices: int) -> None:
+    """Apply every patch (once per process)."""
+    global _applied
+    if _applied:
+        return
+    _patch_storage()
+    if num_devices > 1:
+        _patch_autograd_engine()
+    _patch_accelerator()
+    _applied = True
+
+
+# -- storages ----------------------------------------------------------------------------------
+def _sim_index(device: Any) -> int | None:
+    if isinstance(device, (str, torch.device)):
+        device = torch.device(device)
+        if device.type == _SIM:
+            return runtime.to_index(device)
+    return None
+
+
+def _patch_storage() -> None:
+    cls = torch.UntypedStorage
+    base_new = torch._C.StorageBase.__new__
+    original_new_method = cls.new
+    original_resize = cls.resize_
+
+    def __new__(klass, *args, **kwargs):
+        index = _sim_index(kwargs.get("device"))
+        if index is None or klass is not cls:
+            return base_new(klass, *args, **kwargs)
+        if not args:
+            return tensors.new_storage(0, index)
+        if len(args) == 1 and isinstance(args[0], int):
+            return tensors.new_storage(args[0], index)
+        host = base_new(klass, *args, **{k: v for k, v in kwargs.items() if k != "device"})
+        return tensors.copy_storage_to_sim(host, index)
+
+    def new(self):
+        if tensors.is_sim_storage(self):
+            return tensors.new_storage(0, self.device.index)
+        return original_new_method(self)
+
+    def resize_(self, size):
+        if tensors.is_sim_storage(self):
+            tensors.resize_storage(self, int(size))
+            return self
+        return original_resize(self, size)
+
+    cls.__new__ = staticmethod(__new__)
+    cls.new = functools.wraps(original_new_method)(new)
+    cls.resize_ = functools.wraps(original_resize)(resize_)
+
+
+# -- autograd ----------------------------------------------------------------------------------
+class _CallingThreadEngine:
+    """PyTorch's autograd engine, run with its per-device worker threads disabled: the backward
+    pass runs in the thread that asked for it (where sim kernels run anyway), so the engine never
+    looks up a worker queue for a sim device index it did not create."""
+
+    def __init__(self, engine: Any):
+        self._engine = engine
+
+    def run_backward(self, *args, **kwargs):
+        with torch.autograd.set_multithreading_enabled(False):
+            return self._engine.run_backward(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._engine, name)
+
+
+def _patch_autograd_engine() -> None:
+    variable = torch.autograd.variable.Variable
+    if not isinstance(variable._execution_engine, _CallingThreadEngine):
+        variable._execution_engine = _CallingThreadEngine(variable._execution_engine)
+
+
+# -- torch.accelerator -------------------------------------------------------------------------
+def _sim_is_accelerator() -> bool:
+    acc = torch.accelerator.current_accelerator()
+    return acc is not None and acc.type == _SIM
+
+
+def _synchronize(device: Any = None, /) -> None:
+    runtime.to_index(device)  # sim work runs inline: validating the device is all there is to do
+
+
+def _set_device_index(device: Any, /) -> None:
+    runtime.set_current_device(runtime.to_index(device))
+
+
+def _empty_cache() -> None:
+    for alloc in runtime.allocators():
+        alloc.empty_cache()
+
+
+def _memory_info(device_index: Any = None, /) -> tuple[int, int]:
+    alloc = runtime.allocator(runtime.to_index(device_index))
+    return max(alloc.capacity - alloc.reserved, 0), alloc.capacity
+
+
+def _allocator_query(method: Callable[[Any], Any]) -> Callable[..., Any]:
+    def query(device_index: Any = None, /) -> Any:
+        return method(runtime.allocator(runtime.to_index(device_index)))
+
+    return query
+
+
+_ACCELERATOR_IMPLS: dict[str, Callable[..., Any]] = {
+    "synchronize": _synchronize,
+    "current_device_index": runtime.current_device,
+    "set_device_index": _set_device_index,
+    "empty_cache": _empty_cache,
+    "get_memory_info": _memory_info,
+    "memory_stats": _allocator_query(lambda a: a.stats()),
+    "memory_allocated": _allocator_query(lambda a: a.allocated),
+    "max_memory_allocated": _allocator_query(lambda a: a.max_allocated),
+    "memory_reserved": _allocator_query(lambda a: a.reserved),
+    "max_memory_reserved": _allocator_query(lambda a: a.max_reserved),
+    "reset_peak_memory_stats": _allocator_query(lambda a: a.reset_peak()),
+    "reset_accumulated_memory_stats": _allocator_query(lambda a: a.reset_accumulated()),
+}
+_ALIASES = {"current_device_idx": "current_device_index", "set_device_idx": "set_device_index"}
+
+
+def _patch_accelerator() -> None:
+    import torch.accelerator.memory as accel_memory
+
+    for module in (torch.accelerator, accel_memory):
+        for name, impl in _ACCELERATOR_IMPLS.items():
+            original = getattr(module, name, None)
+            if original is None:
+                continue
+            setattr(module, name, _dispatching(original, impl))
+        for alias, target in _ALIASES.items():
+            if hasattr(module, alias):
+                setattr(module, alias, getattr(module, target))
+
+
+def _dispatching(original: Callable, impl: Callable) -> Callable:
+    @functools.wraps(original)
+    def wrapper(*args, **kwargs):
+        if _sim_is_accelerator():
+            return impl(*args, **kwargs)
+        return original(*args, **kwargs)
+
+    wrapper.__flagos_sim_original__ = original
+    return wrapper
