@@ -15,6 +15,8 @@ from .selection import Selection, build_selection
 log = get_logger()
 _lock = threading.RLock()
 _current: Optional[Selection] = None
+#: True while the active selection was made by the launcher, not by the program's own code
+_from_launcher = False
 _undo: List[Tuple[str, Callable[[], None]]] = []
 
 #: settings that may be changed by assignment, e.g. ``ft.memory_pool_clear_interval = 50``
@@ -25,6 +27,8 @@ _assigned: dict = {}
 #: an undo callable (or None); modules are imported only when a backend is activated.
 ACTIVATION_STEPS: Tuple[Tuple[str, str], ...] = (
     ("backend", "flagos_torchfl.backends.activation:activate"),
+    ("routing", "flagos_torchfl.routing:activate"),
+    ("redirect", "flagos_torchfl.redirect:activate"),
 )
 
 
@@ -53,8 +57,16 @@ def init_backend(
         if memory_pool_clear_interval is not None else _assigned.get("memory_pool_clear_interval"),
         "enable_mixed_precision": enable_mixed_precision or _assigned.get("enable_mixed_precision", False),
     }
+    global _from_launcher
     with _lock:
         selection = build_selection(backend, code)
+        if _current is not None and _from_launcher:
+            # the program's own init_backend call refines what the launcher activated
+            _from_launcher = False
+            if _current.same_request(selection):
+                return _current
+            log.info("init_backend in code re-activates %s with its own settings", selection.backend)
+            deactivate()
         if _current is not None:
             if _current.same_request(selection):
                 return _current
@@ -71,6 +83,17 @@ def auto_select_backend(**settings: Any) -> Selection:
     return init_backend(backend=None, **settings)
 
 
+def activate_for_launcher() -> Selection:
+    """Activation made by ``python -m flagos_torchfl run`` before the program starts: like
+    :func:`auto_select_backend`, but a later ``init_backend`` call in the program re-activates
+    with the program's settings instead of raising."""
+    global _from_launcher
+    with _lock:
+        selection = auto_select_backend()
+        _from_launcher = True
+        return selection
+
+
 def current_backend() -> Optional[Selection]:
     """The active selection, or None."""
     return _current
@@ -78,8 +101,9 @@ def current_backend() -> Optional[Selection]:
 
 def deactivate() -> None:
     """Undo every activation step in reverse order; afterwards no backend is active."""
-    global _current
+    global _current, _from_launcher
     with _lock:
+        _from_launcher = False
         errors = []
         while _undo:
             name, undo = _undo.pop()

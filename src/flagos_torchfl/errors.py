@@ -65,5 +65,9 @@ class OperatorNotSupportedError(FlagOSError, NotImplementedError):
         super().__init__(f"operator {op} cannot run on backend {backend!r}; routes tried:{lines or ' none'}")
 
 
+class DeviceOrdinalError(FlagOSError, RuntimeError):
+    """User code named ``cuda:N`` for an N the active backend does not have."""
+
+
 class PrivateUse1ClaimedError(FlagOSError, RuntimeError):
     """PyTorch's single PrivateUse1 slot is already taken by another backend."""

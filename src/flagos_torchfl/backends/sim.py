@@ -5,7 +5,9 @@ auto-selected: ``detect`` lists it as available on request (``FL_BACKEND=sim``).
 """
 from __future__ import annotations
 
-from ..errors import ConfigError
+import os
+
+from ..errors import ConfigError, PrivateUse1ClaimedError
 from .base import Backend, DeviceInfo, ProbeResult
 from .cpu import logical_device_count
 
@@ -34,3 +36,73 @@ class SimBackend(Backend):
         result.devices = [DeviceInfo(i, "flagos sim device", NOMINAL_MEMORY) for i in range(count)]
         result.notes.append("not probed: registering it claims PrivateUse1 for the process")
         return result
+
+    def activate(self, selection):
+        """Install the sim for ``selection``: its device count, its memory limit, and the native
+        operators named by ``FL_SIM_NATIVE_OPS`` (ATen names, categories or friendly names of the
+        semantic table, or a file such as one ``ops --export`` wrote). While it is active,
+        moving a module keeps weights tied (see :func:`keep_tied_parameters`). Raises a clear
+        error on a torch older than the sim needs or when another backend holds PrivateUse1;
+        returns the undo."""
+        import torch
+
+        from .. import compat
+
+        compat.require_torch("the sim backend", compat.SIM_MIN_TORCH, torch.__version__)
+        from .. import sim
+        from ..routing import names
+        from ..sim import registration
+
+        owner = registration.current_owner()
+        if owner is not None and not sim.is_installed():
+            raise PrivateUse1ClaimedError(
+                f"the sim backend needs PyTorch's PrivateUse1 slot, but {owner} holds it; "
+                "run without that plugin, or select its backend instead"
+            )
+        spec = os.environ.get("FL_SIM_NATIVE_OPS", "").strip()
+        native = sim.parse_native_ops(spec, resolve_name=names.resolve_semantic) if spec else None
+        count = selection.probe.device_count if selection.probe is not None else max(selection.devices) + 1
+        limit = selection.memory_limit_bytes()
+        if sim.is_installed():
+            sim.set_memory_limit(limit)
+        sim.install(num_devices=count, native_ops=native, memory_limit=limit)
+        return keep_tied_parameters()
+
+
+def keep_tied_parameters():
+    """Make ``Module.to``/``.cuda`` keep a parameter shared by several modules shared (tied
+    embeddings and LM heads). A PrivateUse1 tensor cannot take over a CPU parameter's ``.data``,
+    so ``Module._apply`` replaces the parameter in each module separately, untying it; this
+    wraps ``_apply`` to re-tie such parameters afterwards. Returns the undo."""
+    import threading
+
+    import torch
+
+    original = torch.nn.Module._apply
+    local = threading.local()
+
+    def _apply(self, fn, recurse=True):
+        if getattr(local, "inside", False):
+            return original(self, fn, recurse)
+        owners = {}
+        for module in self.modules():
+            for key, param in module._parameters.items():
+                if param is not None:
+                    owners.setdefault(id(param), []).append((module, key))
+        local.inside = True
+        try:
+            result = original(self, fn, recurse)
+        finally:
+            local.inside = False
+        for shared in owners.values():
+            first = shared[0][0]._parameters[shared[0][1]]
+            for module, key in shared[1:]:
+                module._parameters[key] = first
+        return result
+
+    torch.nn.Module._apply = _apply
+
+    def undo():
+        torch.nn.Module._apply = original
+
+    return undo

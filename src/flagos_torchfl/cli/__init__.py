@@ -9,9 +9,9 @@ import argparse
 import sys
 from typing import List, Optional
 
-from . import detect, env
+from . import detect, env, ops, run
 
-COMMANDS = [detect, env]
+COMMANDS = [detect, env, run, ops]
 
 
 def build_parser() -> argparse.ArgumentParser:

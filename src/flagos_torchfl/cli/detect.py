@@ -5,6 +5,7 @@ import json
 
 from ..backends import ProbeResult, registry
 from ..config import format_bytes
+from ..routing.plan import category_summary
 from ..selection import would_pick
 
 
@@ -22,7 +23,8 @@ def collect() -> dict:
     for backend in reg.backends():
         result = backend.probe()
         probes[backend.name] = result
-        rows.append({**backend.describe(), **result.as_dict(), "device_count": result.device_count})
+        rows.append({**backend.describe(), **result.as_dict(), "device_count": result.device_count,
+                     "categories": category_summary(backend, result.available)})
     for name, reason in reg.load_errors.items():
         rows.append({"name": name, "backend": name, "status": "unavailable", "reason": reason,
                      "devices": [], "device_count": 0})
@@ -59,14 +61,16 @@ def _version(row: dict) -> str:
 
 
 def render(data: dict) -> str:
-    header = ("BACKEND", "STATUS", "DEVICES", "DRIVER / RUNTIME", "NATIVE OPS", "MEMORY/DEVICE")
+    header = ("BACKEND", "STATUS", "DEVICES", "DRIVER / RUNTIME", "NATIVE OPS", "CATEGORIES", "MEMORY/DEVICE")
     table = [header]
     for row in data["backends"]:
         ops = row.get("native_ops")
         table.append((row["name"], _status(row), _devices(row), _version(row),
-                      "-" if ops is None else str(ops), _memory(row)))
+                      "-" if ops is None else str(ops), row.get("categories") or "-", _memory(row)))
     widths = [max(len(r[i]) for r in table) for i in range(len(header))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in table]
+    lines.append("CATEGORIES: common operation categories the backend runs natively "
+                 "(`python -m flagos_torchfl ops --backend NAME --categories`)")
     pick = data["auto_select"]
     if pick["backend"]:
         lines.append(f"\nauto_select_backend() would pick: {pick['backend']} ({pick['why']})")

@@ -1,0 +1,114 @@
+"""Interface adaptation: CUDA-written code answered by the selected backend.
+
+:func:`activate` applies the registered patches (see :mod:`.patches`) in order and returns the
+undo that restores torch exactly. Each patch replaces, once, an entry point where user code
+names a device — never an operator: there is no TorchFunctionMode or dispatch mode, so the
+operator path costs nothing extra. When the backend *is* CUDA (NVIDIA or ROCm) nothing is
+patched, unless ``gpu_ids`` renumbers devices; then only the patches that carry device
+numbers are applied.
+
+Families, in application order: :mod:`.devices` (``with torch.device``, set_default_device,
+Generator), :mod:`.factories`, :mod:`.tensor_module`, :mod:`.cuda_api` (the ``torch.cuda``
+facade), :mod:`.amp`, :mod:`.distributed`, :mod:`.serialization`.
+"""
+from __future__ import annotations
+
+import threading
+from typing import Any, Callable, List, Optional, Tuple
+
+from ..errors import ActivationError
+from ..log import get_logger
+# imported in application order: each module registers its patches as it is imported
+from . import devices, factories, tensor_module, cuda_api, amp, distributed, serialization  # noqa: F401,I001
+from .devices import DeviceOrdinalError, Target
+from .patches import REGISTRY, Patch, Patcher
+from .shims import find_shim, refuse_if_shimmed
+
+__all__ = [
+    "activate", "apply", "active_patches", "patches_for", "DeviceOrdinalError", "Target",
+    "find_shim", "REGISTRY",
+]
+
+log = get_logger("redirect")
+_lock = threading.RLock()
+_active: Optional[Tuple[Tuple[Any, ...], Patcher, List[str]]] = None
+
+
+def patches_for(target: Target) -> List[Patch]:
+    """The registered patches ``target`` needs, in order: all of them off CUDA; on a CUDA
+    backend none, or (when ``gpu_ids`` renumbers devices) those that carry device numbers."""
+    if not target.native:
+        return list(REGISTRY)
+    return [p for p in REGISTRY if p.on_cuda] if target.remaps else []
+
+
+def active_patches() -> List[str]:
+    """Names of the patches now applied (empty when the layer is inactive)."""
+    with _lock:
+        return list(_active[2]) if _active else []
+
+
+def activate(selection: Any) -> Callable[[], None]:
+    """Activation step: redirect CUDA entry points to ``selection``'s backend; returns the undo.
+
+    Idempotent and thread-safe: activating again for the same backend and devices changes
+    nothing (and returns an undo that does nothing); for a different one it raises
+    ActivationError. If a vendor migration shim has patched torch, or any patch fails, it
+    raises ActivationError and torch is left exactly as it was.
+    """
+    from ..backends import get_backend
+
+    module = get_backend(selection.backend).device_module()
+    return apply(Target.from_selection(selection, module))
+
+
+def apply(target: Target) -> Callable[[], None]:
+    """Apply the patches for ``target`` (see :func:`activate`); returns the undo."""
+    global _active
+    with _lock:
+        key = (target.backend, target.device_type, target.devices)
+        if _active is not None:
+            if _active[0] == key:
+                return _nothing
+            raise ActivationError(
+                f"the redirection is already active for backend {_active[0][0]!r}; "
+                f"call ft.deactivate() before activating {target.backend!r}"
+            )
+        refuse_if_shimmed()
+        factories.device_constructors()  # torch caches its list: read it before any patch
+        patcher = Patcher()
+        applied: List[str] = []
+        for patch in patches_for(target):
+            try:
+                patch.apply(target, patcher)
+            except BaseException as exc:
+                patcher.undo()
+                raise ActivationError(
+                    f"redirect patch {patch.name!r} failed ({type(exc).__name__}: {exc}); "
+                    "nothing was changed"
+                ) from exc
+            applied.append(patch.name)
+        _active = (key, patcher, applied)
+        if applied:
+            log.info("redirect active for %s: %s", target.backend, ", ".join(applied))
+        else:
+            log.info("redirect: backend %s is CUDA itself; nothing to redirect", target.backend)
+
+        def undo() -> None:
+            _undo(patcher)
+
+        return undo
+
+
+def _undo(patcher: Patcher) -> None:
+    """Restore torch if ``patcher`` holds the active patches (a second call does nothing)."""
+    global _active
+    with _lock:
+        if _active is not None and _active[1] is patcher:
+            patcher.undo()
+            _active = None
+            log.info("redirect undone")
+
+
+def _nothing() -> None:
+    """The undo of an activation that changed nothing."""

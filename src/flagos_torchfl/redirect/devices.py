@@ -1,0 +1,234 @@
+"""Device arguments: how a value that names a CUDA device becomes the selected backend's device.
+
+Only exact CUDA designations are rewritten: the string ``"cuda"`` or ``"cuda:N"``, a
+``torch.device`` of type ``cuda``, and — where PyTorch reads an int as a device (``.to(N)``,
+``.cuda(N)``, ``device=N``) — a bare int. Anything else passes through as the same object, so a
+path such as ``"runs/cuda_ckpt.pt"`` is never touched. Logical ``cuda:i`` is physical device
+``selection.devices[i]`` of the backend; on the CPU backend every logical device is ``cpu``.
+
+Tensors report their real device: ``torch.device`` cannot be faked, so ``x.device.type`` is the
+backend's type (``"cpu"``, ``"npu"``, ...). ``Tensor.is_cuda`` is left alone and stays truthful
+(False off NVIDIA): PyTorch's own code reads ``is_cuda`` to pick CUDA-only paths (decompositions,
+inductor passes, ``__cuda_array_interface__``, distributed, RNN weight flattening), so a lie there
+would send host or NPU tensors into CUDA code. The usual branches still work, because what they
+do on a "non-CUDA" tensor — ``x.cuda()``, ``x.to("cuda")`` — is redirected.
+"""
+from __future__ import annotations
+
+import threading
+from typing import Any, Optional, Sequence
+
+import torch
+
+from ..errors import DeviceOrdinalError
+from .patches import patch_function
+
+
+_LOW_PRECISION = {"bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class Target:
+    """What the patches redirect to: one backend's device type, devices and device module.
+
+    ``native`` is True when the backend's device type is ``cuda`` itself (NVIDIA, ROCm): then
+    only logical-to-physical renumbering (``gpu_ids``) can be needed.
+    """
+
+    def __init__(
+        self,
+        backend: str,
+        device_type: str,
+        devices: Sequence[int],
+        module: Any,
+        low_precision_dtype: str = "bfloat16",
+        collective: str = "gloo",
+        device_names: Sequence[str] = (),
+        device_memory: Sequence[Optional[int]] = (),
+    ) -> None:
+        if not devices:
+            raise ValueError(f"backend {backend!r} has no devices to redirect to")
+        if low_precision_dtype not in _LOW_PRECISION:
+            raise ValueError(
+                f"low_precision_dtype {low_precision_dtype!r} is not one of {', '.join(_LOW_PRECISION)}"
+            )
+        self.backend = backend
+        self.device_type = device_type
+        self.devices = tuple(devices)
+        self.module = module
+        self.low_precision_dtype = _LOW_PRECISION[low_precision_dtype]
+        self.collective = collective
+        self.device_names = tuple(device_names)
+        self.device_memory = tuple(device_memory)
+        self.native = device_type == "cuda"
+        self.is_cpu = device_type == "cpu"
+        self.remaps = self.devices != tuple(range(len(self.devices)))
+        self._tls = threading.local()
+        self.default_device = torch.device(device_type)
+        if self.is_cpu:
+            self._by_logical = tuple(torch.device("cpu") for _ in self.devices)
+        else:
+            self._by_logical = tuple(torch.device(device_type, i) for i in self.devices)
+
+    @classmethod
+    def from_selection(cls, selection: Any, module: Any) -> "Target":
+        """The target of a :class:`~flagos_torchfl.selection.Selection` and its device module."""
+        names, memory = [], []
+        probe = getattr(selection, "probe", None)
+        found = {d.index: d for d in (probe.devices if probe is not None else ())}
+        for physical in selection.devices:
+            info = found.get(physical)
+            names.append(info.name if info else f"{selection.backend} device {physical}")
+            memory.append(info.total_memory if info else None)
+        return cls(
+            selection.backend, selection.device_type, selection.devices, module,
+            selection.low_precision_dtype, selection.collective, names, memory,
+        )
+
+    # ------------------------------------------------------------ logical devices
+    @property
+    def count(self) -> int:
+        return len(self.devices)
+
+    def check_logical(self, index: Any) -> int:
+        """``index`` as a valid logical device number, else DeviceOrdinalError naming the count."""
+        if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < self.count:
+            valid = f"cuda:0..cuda:{self.count - 1}" if self.count > 1 else "cuda:0"
+            raise DeviceOrdinalError(
+                f"cuda:{index} does not exist: backend {self.backend!r} has {self.count} "
+                f"device(s) ({valid}); choose devices with gpu_ids / FL_GPU_IDS"
+            )
+        return index
+
+    def physical(self, logical: int) -> int:
+        """The backend's device index behind logical ``cuda:logical``."""
+        return self.devices[self.check_logical(logical)]
+
+    def device_for(self, logical: int) -> torch.device:
+        """The target ``torch.device`` for logical ``cuda:logical``."""
+        return self._by_logical[self.check_logical(logical)]
+
+    @property
+    def current(self) -> int:
+        """The logical current device of this thread (``torch.cuda.current_device()``)."""
+        return getattr(self._tls, "current", 0)
+
+    @current.setter
+    def current(self, logical: int) -> None:
+        self._tls.current = self.check_logical(logical)
+
+    # ------------------------------------------------------------ translation
+    def translate(self, value: Any) -> Any:
+        """``value`` rewritten when it names a CUDA device exactly, else ``value`` itself.
+
+        Accepts ``"cuda"``, ``"cuda:N"``, ``torch.device("cuda"[, N])`` and bare ints (callers
+        pass ints only where PyTorch reads them as devices). ``"cuda"`` without an index means
+        the current device, as in CUDA. Out-of-range indices raise DeviceOrdinalError.
+        """
+        cls = value.__class__
+        if cls is str:
+            if value == "cuda":
+                return self._unindexed()
+            if value.startswith("cuda:"):
+                rest = value[5:]
+                if rest.isdigit() and rest.isascii():
+                    return self.device_for(int(rest))
+            return value
+        if cls is torch.device:
+            if value.type != "cuda":
+                return value
+            return self._unindexed() if value.index is None else self.device_for(value.index)
+        if cls is int:
+            return self.device_for(value)
+        return value
+
+    def translate_named(self, value: Any) -> Any:
+        """Like :meth:`translate`, but ints pass through (they are not devices here)."""
+        return value if value.__class__ is int else self.translate(value)
+
+    def translate_type(self, device_type: Any) -> Any:
+        """``"cuda"`` (a device *type*, as autocast and GradScaler take it) -> the backend's type."""
+        if device_type == "cuda":
+            return self.device_type
+        if isinstance(device_type, torch.device) and device_type.type == "cuda":
+            return self.device_type
+        return device_type
+
+    def logical_index(self, device: Any = None) -> int:
+        """The logical index a ``torch.cuda.*`` device argument means (None: the current one)."""
+        if device is None:
+            return self.current
+        if isinstance(device, str):
+            if device == "cuda":
+                return self.current
+            if device.startswith("cuda:") and device[5:].isdigit():
+                return self.check_logical(int(device[5:]))
+            device = torch.device(device)
+        if isinstance(device, torch.device):
+            if device.type not in ("cuda", self.device_type):
+                raise ValueError(f"expected a cuda device, got {device}")
+            if device.index is None:
+                return self.current
+            if device.type == "cuda":
+                return self.check_logical(device.index)
+            return self._logical_of_physical(device.index)
+        return self.check_logical(device)
+
+    def _logical_of_physical(self, physical: int) -> int:
+        if physical in self.devices:
+            return self.devices.index(physical)
+        raise DeviceOrdinalError(
+            f"{self.device_type}:{physical} is not among the selected devices {list(self.devices)} "
+            f"of backend {self.backend!r}"
+        )
+
+    def _unindexed(self) -> torch.device:
+        if self.is_cpu:
+            return self.default_device
+        if self.remaps:
+            return self._by_logical[self.current]
+        return self.default_device
+
+
+@patch_function("device_context", on_cuda=True)
+def patch_device_context(target: Target, patcher) -> None:
+    """``with torch.device("cuda"):`` and ``torch.set_default_device("cuda")``.
+
+    Both build ``torch.utils._device.DeviceContext`` (the C ``torch.device.__enter__`` looks the
+    class up by name), so translating its device at construction covers both; the context then
+    hands the target device to the original factory functions.
+    """
+    from torch.utils._device import DeviceContext
+
+    original = DeviceContext.__init__
+
+    def __init__(self, device):
+        original(self, target.translate(device))
+
+    patcher.setattr(DeviceContext, "__init__", __init__)
+
+
+class _GeneratorMeta(type):
+    """Keeps ``isinstance(g, torch.Generator)`` true for every real generator."""
+
+    def __instancecheck__(cls, instance):
+        return isinstance(instance, torch._C.Generator)
+
+    def __subclasscheck__(cls, subclass):
+        return issubclass(subclass, torch._C.Generator)
+
+
+@patch_function("generator", on_cuda=True)
+def patch_generator(target: Target, patcher) -> None:
+    """``torch.Generator("cuda")`` / ``torch.Generator(device="cuda:N")``: a generator of the
+    target device (a real ``torch._C.Generator``; isinstance checks keep working)."""
+    original = torch.Generator
+
+    class Generator(metaclass=_GeneratorMeta):
+        __doc__ = original.__doc__
+
+        def __new__(cls, device="cpu"):
+            return original(device=target.translate(device))
+
+    Generator.__module__ = "torch"
+    Generator.__qualname__ = Generator.__name__ = "Generator"
+    patcher.setattr(torch, "Generator", Generator)

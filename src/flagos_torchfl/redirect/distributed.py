@@ -1,0 +1,113 @@
+"""Collectives: ``init_process_group("nccl")`` and ``new_group(backend="nccl")`` use the
+backend's collective library, ``Backend.default_device_backend_map`` sends ``cuda`` there too,
+and ``DistributedDataParallel(device_ids=[N], output_device=N)`` addresses the backend's device.
+
+``dist.get_backend()`` stays truthful: it names the library really in use (``gloo``, ``hccl``...).
+"""
+from __future__ import annotations
+
+import functools
+import inspect
+from typing import Any, Optional
+
+import torch
+
+from .devices import Target
+from .patches import Patcher, patch_function
+
+
+def translate_backend(target: Target, backend: Any) -> Any:
+    """``"nccl"`` -> the backend's collective; ``"cuda:nccl,cpu:gloo"`` -> per-device pairs with
+    ``cuda`` and ``nccl`` translated (duplicate device entries merged, first kept). Anything
+    else is returned unchanged."""
+    if not isinstance(backend, str):
+        return backend
+    if ":" not in backend:
+        return target.collective if backend.lower() == "nccl" else backend
+    pairs = {}
+    for item in backend.split(","):
+        device, _, library = item.strip().partition(":")
+        device = target.device_type if device.strip() == "cuda" else device.strip()
+        library = target.collective if library.strip().lower() == "nccl" else library.strip()
+        pairs.setdefault(device, library)
+    return ",".join(f"{d}:{b}" for d, b in pairs.items())
+
+
+def _device_index(target: Target, value: Any) -> Any:
+    """A DDP device id (int, "cuda:N", torch.device) as the backend's physical index."""
+    translated = target.translate(value)
+    return translated.index if isinstance(translated, torch.device) else translated
+
+
+def _device_id(target: Target, value: Any) -> Optional[torch.device]:
+    """``init_process_group(device_id=...)``: the target device; None on the CPU, which binds
+    no device to a process group."""
+    if value is None or target.is_cpu:
+        return None
+    translated = target.translate(value)
+    return translated if isinstance(translated, torch.device) else value
+
+
+def _rebinding(target: Target, original, names) -> Any:
+    signature = inspect.signature(original)
+
+    @functools.wraps(original)
+    def call(*args, **kwargs):
+        bound = signature.bind(*args, **kwargs)
+        values = bound.arguments
+        if values.get("backend") is not None:
+            values["backend"] = translate_backend(target, values["backend"])
+        if "device_id" in names and values.get("device_id") is not None:
+            values["device_id"] = _device_id(target, values["device_id"])
+        return original(*bound.args, **bound.kwargs)
+
+    return call
+
+
+@patch_function("process_group")
+def patch_process_group(target: Target, patcher: Patcher) -> None:
+    """``init_process_group(backend="nccl", device_id=N)``, ``new_group(backend="nccl")`` and
+    ``Backend.default_device_backend_map["cuda"]`` -> the backend's collective library."""
+    if not torch.distributed.is_available():
+        return
+    import torch.distributed as dist
+    import torch.distributed.distributed_c10d as c10d
+
+    for name, params in (("init_process_group", ("backend", "device_id")), ("new_group", ("backend", "device_id"))):
+        original = getattr(c10d, name)
+        wrapper = _rebinding(target, original, params)
+        for owner in (c10d, dist):
+            if getattr(owner, name, None) is original:
+                patcher.setattr(owner, name, wrapper)
+    table = c10d.Backend.default_device_backend_map
+    patcher.setitem(table, "cuda", target.collective)
+    if target.device_type not in table:
+        patcher.setitem(table, target.device_type, target.collective)
+
+
+@patch_function("ddp", on_cuda=True)
+def patch_ddp(target: Target, patcher: Patcher) -> None:
+    """``DistributedDataParallel(model, device_ids=[local_rank], output_device=local_rank)``:
+    physical indices of the backend; on the CPU both are dropped (CPU modules take none)."""
+    if not torch.distributed.is_available():
+        return
+    from torch.nn.parallel import DistributedDataParallel
+
+    original = DistributedDataParallel.__init__
+    signature = inspect.signature(original)
+
+    @functools.wraps(original)
+    def __init__(self, *args, **kwargs):
+        bound = signature.bind(self, *args, **kwargs)
+        values = bound.arguments
+        if target.is_cpu:
+            values.pop("device_ids", None)
+            values.pop("output_device", None)
+        else:
+            if values.get("device_ids") is not None:
+                values["device_ids"] = [_device_index(target, d) for d in values["device_ids"]]
+            if values.get("output_device") is not None:
+                values["output_device"] = _device_index(target, values["output_device"])
+        original(*bound.args, **bound.kwargs)
+
+    patcher.setattr(DistributedDataParallel, "__init__", __init__)

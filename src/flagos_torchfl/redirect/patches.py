@@ -1,0 +1,108 @@
+"""The ordered registry of redirection patches and the recorder that makes each one undoable.
+
+A patch is a small function ``fn(target, patcher)`` registered with :func:`patch_function`. It
+changes torch only through the :class:`Patcher` it is given, which records what was there
+before (an attribute of a module or class, a dict entry, a module's class), so that
+:meth:`Patcher.undo` puts back exactly the original objects, in reverse order.
+
+Patches run in registration order; the families register in the order ``redirect/__init__``
+imports them.
+"""
+from __future__ import annotations
+
+import dataclasses
+import types
+from typing import Any, Callable, List, Tuple
+
+_MISSING = object()
+
+
+@dataclasses.dataclass(frozen=True)
+class Patch:
+    """One named patch. ``on_cuda``: also needed when the backend *is* CUDA (NVIDIA or ROCm)
+    but ``gpu_ids`` renumbers devices; otherwise a CUDA backend skips it."""
+
+    name: str
+    apply: Callable[[Any, "Patcher"], None]
+    on_cuda: bool
+    summary: str  # the first paragraph of the patch function's docstring
+
+
+REGISTRY: List[Patch] = []
+
+
+def patch_function(name: str, on_cuda: bool = False) -> Callable:
+    """Register the decorated ``fn(target, patcher)`` as the next patch called ``name``.
+
+    Names are unique; registering a name twice raises ValueError.
+    """
+
+    def register(fn: Callable[[Any, "Patcher"], None]) -> Callable[[Any, "Patcher"], None]:
+        if any(p.name == name for p in REGISTRY):
+            raise ValueError(f"redirect patch {name!r} is registered twice")
+        doc = (fn.__doc__ or "").strip()
+        summary = " ".join(doc.split("\n\n")[0].split()) if doc else name
+        REGISTRY.append(Patch(name, fn, on_cuda, summary))
+        return fn
+
+    return register
+
+
+class Patcher:
+    """Applies changes to torch and remembers how to take each one back.
+
+    Every change is recorded before it is made, so a patch that fails halfway can still be
+    undone completely. :meth:`undo` restores in reverse order and may be called once.
+    """
+
+    def __init__(self) -> None:
+        self._log: List[Tuple[str, Any, Any, Any]] = []
+
+    def setattr(self, owner: Any, name: str, value: Any) -> Any:
+        """Set ``owner.name = value`` (a module or class); return the value seen before.
+
+        Undo restores the owner's own entry: an attribute that was only inherited (e.g.
+        ``torch.Tensor.to`` comes from ``torch._C.TensorBase``) is deleted again.
+        """
+        own = vars(owner).get(name, _MISSING)
+        previous = getattr(owner, name)
+        self._log.append(("attr", owner, name, own))
+        setattr(owner, name, value)
+        return previous
+
+    def setitem(self, mapping: dict, key: Any, value: Any) -> None:
+        """Set ``mapping[key] = value``; undo restores the old value or removes the key."""
+        self._log.append(("item", mapping, key, mapping.get(key, _MISSING)))
+        mapping[key] = value
+
+    def set_module_class(self, module: types.ModuleType, cls: type) -> None:
+        """Give ``module`` the ModuleType subclass ``cls``; undo restores its former class."""
+        self._log.append(("class", module, None, type(module)))
+        module.__class__ = cls
+
+    def wrap(self, owner: Any, name: str, make: Callable[[Callable], Callable]) -> Callable:
+        """Replace ``owner.name`` by ``make(original)``; returns the original."""
+        original = getattr(owner, name)
+        self.setattr(owner, name, make(original))
+        return original
+
+    def undo(self) -> None:
+        """Restore every recorded change, newest first."""
+        while self._log:
+            kind, owner, key, old = self._log.pop()
+            if kind == "attr":
+                if old is _MISSING:
+                    if key in vars(owner):
+                        delattr(owner, key)
+                else:
+                    setattr(owner, key, old)
+            elif kind == "item":
+                if old is _MISSING:
+                    owner.pop(key, None)
+                else:
+                    owner[key] = old
+            else:
+                owner.__class__ = old
+
+    def __len__(self) -> int:
+        return len(self._log)

@@ -1,0 +1,54 @@
+"""Checkpoints: ``torch.load(map_location=...)`` with ``"cuda"``, ``"cuda:N"``, a
+``torch.device``, or a dict whose values name CUDA devices; and checkpoints whose storages were
+saved on ``cuda`` (their location tags are ``"cuda:N"``) loaded with no ``map_location`` on a
+machine without CUDA. Both land on the target device. A callable ``map_location`` is called as
+given; when it returns None the storage's own location is translated.
+"""
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable
+
+import torch
+
+from .devices import Target
+from .patches import Patcher, patch_function
+
+
+def _location(target: Target, location: Any) -> Any:
+    """A location tag or map_location value, translated to the target's location string."""
+    translated = target.translate_named(location)
+    if isinstance(translated, torch.device):
+        return str(translated)
+    return translated
+
+
+@patch_function("load_locations", on_cuda=True)
+def patch_load_locations(target: Target, patcher: Patcher) -> None:
+    """``torch.load``'s storage placement (``torch.serialization._get_restore_location``)."""
+    import torch.serialization as serialization
+
+    restore = serialization.default_restore_location
+    original = serialization._get_restore_location
+
+    @functools.wraps(original)
+    def _get_restore_location(map_location: Any) -> Callable[[Any, str], Any]:
+        if map_location is None:
+            return lambda storage, location: restore(storage, _location(target, location))
+        if isinstance(map_location, dict):
+            def by_table(storage, location):
+                return restore(storage, _location(target, map_location.get(location, location)))
+
+            return by_table
+        if isinstance(map_location, (str, bytes, torch.device)):
+            where = map_location.decode() if isinstance(map_location, bytes) else map_location
+            fixed = _location(target, where)
+            return lambda storage, location: restore(storage, fixed)
+
+        def by_function(storage, location):
+            result = map_location(storage, location)
+            return restore(storage, _location(target, location)) if result is None else result
+
+        return by_function
+
+    patcher.setattr(serialization, "_get_restore_location", _get_restore_location)

@@ -1,0 +1,189 @@
+"""The composite route: run an operator as a decomposition (PyTorch's decomposition tables)
+into operators the chip runs.
+
+A decomposition is *tried*, not proven in advance. While one runs, its operator sits on a
+per-thread stack; the router raises :class:`CompositeAbort` when a part re-enters an operator on
+the stack (a loop) or needs the CPU fallback or is unsupported (the chip cannot run that part).
+The abort unwinds to the frame it names, which records why and takes its next route.
+"""
+from __future__ import annotations
+
+import threading
+from typing import Any, Callable, List, Optional, Tuple
+
+import torch
+from torch.utils._pytree import tree_flatten
+
+from . import schema
+
+Decomposition = Callable[..., Any]
+
+
+class CompositeAbort(Exception):
+    """Unwinds a running decomposition of ``target``; ``reason`` says why it cannot serve."""
+
+    def __init__(self, target, reason: str):
+        super().__init__(reason)
+        self.target = target
+        self.reason = reason
+
+
+_local = threading.local()
+
+
+def stack() -> List[Any]:
+    """The operators whose decompositions are running on this thread, outermost first."""
+    frames = getattr(_local, "frames", None)
+    if frames is None:
+        frames = _local.frames = []
+    return frames
+
+
+def table():
+    """PyTorch's decomposition table (importing it takes a moment: done at activation)."""
+    from torch._decomp import decomposition_table
+
+    return decomposition_table
+
+
+_COMPLEX = {torch.float16: torch.complex32, torch.float32: torch.complex64, torch.float64: torch.complex128}
+
+
+def _view_as_complex(self):
+    if self.dim() == 0 or self.shape[-1] != 2 or self.stride(-1) != 1 or self.dtype not in _COMPLEX:
+        raise RuntimeError("view_as_complex needs a float tensor whose last dimension has size 2 "
+                           f"and stride 1; got {self.dtype} of shape {list(self.shape)}")
+    return self.view(_COMPLEX[self.dtype]).squeeze(-1)
+
+
+_REAL = {v: k for k, v in _COMPLEX.items()}
+
+
+def _view_as_real(self):
+    if self.dtype not in _REAL or self.is_conj():
+        raise RuntimeError("view_as_real needs a complex tensor without an unresolved conjugate; "
+                           f"got {self.dtype}{' (conjugate view)' if self.is_conj() else ''}")
+    return self.unsqueeze(-1).view(_REAL[self.dtype])
+
+
+def _math_attention(*args, **kwargs) -> int:
+    from torch.nn.attention import SDPBackend
+
+    return int(SDPBackend.MATH.value)
+
+
+#: decompositions that keep view semantics (views into the same storage), by overload
+VIEW_DECOMPOSITIONS = {
+    "aten::view_as_complex": (_view_as_complex, "view.dtype then squeeze (a view)"),
+    "aten::view_as_real": (_view_as_real, "unsqueeze then view.dtype (a view)"),
+}
+#: decompositions beyond torch's tables, by overload
+EXTRA_DECOMPOSITIONS = {
+    # which fused attention kernel to use: none, the composite (math) attention
+    "aten::_fused_sdp_choice": (_math_attention, "the composite (math) attention"),
+}
+
+
+def find(op) -> Optional[Tuple[Decomposition, str]]:
+    """(decomposition callable taking the operator's own arguments, where it comes from), or None.
+
+    Views have none unless listed in :data:`VIEW_DECOMPOSITIONS` (a table decomposition would
+    return a copy, not a view). An in-place or ``out=`` overload runs the decomposition of its
+    functional variant and writes the result into the written arguments."""
+    name = schema.qualified_name(op)
+    if schema.is_view(op):
+        return VIEW_DECOMPOSITIONS.get(name)
+    if name in EXTRA_DECOMPOSITIONS:
+        return EXTRA_DECOMPOSITIONS[name]
+    decompositions = table()
+    if not schema.written_args(op):
+        fn = decompositions.get(op)
+        return (fn, "torch._decomp") if fn is not None else None
+    functional = schema.functional_variant(op)
+    if functional is not None and functional in decompositions:
+        fn = decompositions[functional]
+        return _writing(op, functional, fn), f"torch._decomp of {schema.qualified_name(functional)}, written into the output"
+    return None
+
+
+def _writing(op, functional, fn: Decomposition) -> Decomposition:
+    written = schema.written_args(op)
+    takes = {a.name for a in functional._schema.arguments}
+
+    def run(*args, **kwargs):
+        bound = schema.bind(op, args, kwargs)
+        f_args, f_kwargs = schema.split_call(functional, {k: v for k, v in bound.items() if k in takes})
+        result = fn(*f_args, **f_kwargs)
+        if result is NotImplemented:
+            return result
+        results = result if len(written) > 1 else (result,)
+        for name, value in zip(written, results):
+            _write(op, bound[name], value)
+        returned = [bound[alias[0]] for alias in schema.return_aliases(op) if alias is not None]
+        if not op._schema.returns:
+            return None
+        return returned[0] if len(returned) == 1 else tuple(returned)
+
+    return run
+
+
+def _write(op, target: Any, value: Any) -> None:
+    if isinstance(target, (list, tuple)):
+        for t, v in zip(target, value):
+            _write(op, t, v)
+        return
+    if not torch.can_cast(value.dtype, target.dtype):
+        raise RuntimeError(
+            f"{schema.qualified_name(op)}: result type {value.dtype} can't be cast to the desired "
+            f"output type {target.dtype}"
+        )
+    if "self" in schema.written_args(op) and target.shape != value.shape:
+        raise RuntimeError(
+            f"{schema.qualified_name(op)}: output with shape {list(target.shape)} doesn't match "
+            f"the broadcast shape {list(value.shape)}"
+        )
+    if target.shape != value.shape:
+        target.resize_(value.shape)
+    target.copy_(value)
+
+
+def run(op, fn: Decomposition, args: tuple, kwargs: dict) -> Any:
+    """Run ``fn`` for ``op`` with ``op`` on the stack (so that re-entry is caught). A
+    decomposition that declines the arguments (returns ``NotImplemented``) aborts."""
+    frames = stack()
+    frames.append(op)
+    try:
+        result = fn(*args, **kwargs)
+    finally:
+        frames.pop()
+    if result is NotImplemented:
+        raise CompositeAbort(op, "its decomposition does not handle these arguments")
+    return result
+
+
+def _meta(value: Any) -> Any:
+    if isinstance(value, torch.Tensor) and value.device.type != "meta":
+        return torch.empty_strided(value.shape, value.stride(), dtype=value.dtype, device="meta")
+    if isinstance(value, (list, tuple)):
+        return type(value)(_meta(v) for v in value)
+    if isinstance(value, torch.device):
+        return torch.device("meta")
+    return value
+
+
+def _signature_of(value: Any) -> list:
+    flat, _ = tree_flatten(value)
+    return [(tuple(v.shape), v.dtype) if isinstance(v, torch.Tensor) else type(v).__name__ for v in flat]
+
+
+def mismatch(op, args: tuple, kwargs: dict, result: Any) -> Optional[str]:
+    """Why a decomposition's result cannot stand for ``op``'s (shapes or dtypes differ from
+    what the operator's meta kernel gives), or None when they agree or there is no meta kernel."""
+    try:
+        expected = op(*_meta(args), **{k: _meta(v) for k, v in kwargs.items()})
+    except Exception:
+        return None
+    want, got = _signature_of(expected), _signature_of(result)
+    if want != got:
+        return f"its decomposition returns {got}, the operator {want}"
+    return None

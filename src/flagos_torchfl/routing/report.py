@@ -1,0 +1,129 @@
+"""What routing did: per operator, its route, calls, total time and host bytes copied.
+
+``routing_report()`` returns the rows, most expensive first; ``render()`` formats them (the
+launcher's ``run --report`` prints it at exit). Times include everything the route ran, so an
+operator decomposed into other routed operators counts their time too.
+"""
+from __future__ import annotations
+
+import threading
+from typing import Dict, List, Optional
+
+from ..config import format_bytes
+
+
+class _Row:
+    __slots__ = ("routes", "dtypes", "misses")
+
+    def __init__(self):
+        #: route -> [calls, nanoseconds, host bytes]
+        self.routes: Dict[str, List[int]] = {}
+        self.dtypes = 0
+        self.misses = 0
+
+
+class Stats:
+    """Per-operator counters, updated by the router on every routed call."""
+
+    def __init__(self):
+        self._rows: Dict[str, _Row] = {}
+        self._lock = threading.Lock()
+
+    def record(self, name: str, route: str, dtype_mask: int, ns: int, host_bytes: int) -> None:
+        with self._lock:
+            row = self._rows.get(name)
+            if row is None:
+                row = self._rows[name] = _Row()
+            counts = row.routes.get(route)
+            if counts is None:
+                counts = row.routes[route] = [0, 0, 0]
+            counts[0] += 1
+            counts[1] += ns
+            counts[2] += host_bytes
+            row.dtypes |= dtype_mask
+
+    def miss(self, name: str) -> None:
+        """A cached composite decision could not serve one call (it took the fallback)."""
+        with self._lock:
+            row = self._rows.get(name)
+            if row is None:
+                row = self._rows[name] = _Row()
+            row.misses += 1
+
+    def rows(self) -> List[dict]:
+        """One dict per operator, most total time first. ``routes``: route -> {calls, ms,
+        host_bytes} (an operator takes several routes when its calls differ in dtype or mode,
+        or when an override changed)."""
+        from . import names
+        from .router import dtypes_of
+
+        with self._lock:
+            items = [(name, {r: list(c) for r, c in row.routes.items()}, row.dtypes, row.misses)
+                     for name, row in self._rows.items()]
+        out = []
+        for name, routes, dtypes, misses in items:
+            out.append({
+                "op": name,
+                "route": "+".join(sorted(routes)) or "fallback",
+                "routes": {r: {"calls": c, "ms": ns / 1e6, "host_bytes": b} for r, (c, ns, b) in routes.items()},
+                "calls": sum(c for c, _, _ in routes.values()),
+                "total_ms": sum(ns for _, ns, _ in routes.values()) / 1e6,
+                "host_bytes": sum(b for _, _, b in routes.values()),
+                "dtypes": [str(d).replace("torch.", "") for d in dtypes_of(dtypes)],
+                "categories": names.categories_of(name),
+                "composite_misses": misses,
+            })
+        out.sort(key=lambda r: (-r["total_ms"], r["op"]))
+        return out
+
+    def clear(self) -> None:
+        with self._lock:
+            self._rows.clear()
+
+
+def routing_report() -> List[dict]:
+    """Per routed operator: route, calls, total time (ms), host bytes copied, dtypes seen and
+    semantic categories — most expensive first. Empty when routing is not active or nothing
+    was routed."""
+    from . import active_router
+
+    router = active_router()
+    return router.stats.rows() if router is not None else []
+
+
+def render(rows: Optional[List[dict]] = None) -> str:
+    """The report as a text table (with a one-line summary per route)."""
+    from . import active_router
+
+    router = active_router()
+    if rows is None:
+        rows = routing_report()
+    if router is None and not rows:
+        return "routing report: routing is not active"
+    head = "routing report"
+    if router is not None:
+        policy = router.policy
+        how = "backend fallback" if router.uses_fallback else "per-operator kernels"
+        head += (f" for {policy.backend} ({policy.dispatch_key}, {len(policy.native)} native operators, "
+                 f"{how}, {len(router.registered)} per-operator kernels)")
+    if not rows:
+        return head + ": every operator ran natively"
+    table = [("OPERATOR", "ROUTE", "CALLS", "TOTAL MS", "HOST BYTES", "DTYPES")]
+    for r in rows:
+        table.append((r["op"], r["route"], str(r["calls"]), f"{r['total_ms']:.2f}",
+                      format_bytes(r["host_bytes"]) if r["host_bytes"] else "0",
+                      ",".join(r["dtypes"])))
+    widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
+    lines = [head]
+    lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in table]
+    totals: Dict[str, List[float]] = {}
+    for r in rows:
+        for route, counts in r["routes"].items():
+            t = totals.setdefault(route, [0, 0.0, 0])
+            t[0] += counts["calls"]
+            t[1] += counts["ms"]
+            t[2] += counts["host_bytes"]
+    summary = "; ".join(f"{route}: {int(c)} calls, {ms:.1f} ms, {format_bytes(int(b)) if b else '0 B'} copied"
+                        for route, (c, ms, b) in sorted(totals.items()))
+    lines.append(f"total by route: {summary}")
+    return "\n".join(lines)

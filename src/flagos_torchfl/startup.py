@@ -1,0 +1,92 @@
+"""Activation of the processes the launcher starts, and of all their Python children.
+
+``python -m flagos_torchfl run`` prepares its environment with :func:`prepare_environment`;
+every child process inherits it:
+
+- ``FL_BACKEND`` (+ ``FL_BACKEND_FROM_LAUNCHER=1``) when ``--backend`` was given, so the
+  launcher's choice wins over ``FL_BACKEND`` and code everywhere (see :mod:`.selection`);
+- :data:`BOOTSTRAP_DIR` at the front of ``PYTHONPATH``: each new interpreter (``subprocess`` of
+  ``python``, ``multiprocessing`` spawn/forkserver children, DataLoader workers, torchrun
+  workers) runs its ``sitecustomize.py`` at start-up;
+- ``FL_ACTIVATE=1``: tells that ``sitecustomize`` to call :func:`activate` right after the
+  process has imported torch. Processes that never import torch pay nothing else.
+
+Forked children inherit the parent's activated state as it is. A child started with ``-I``/``-E``
+(which ignore ``PYTHONPATH``) or with an environment that drops these variables is not activated.
+Importing this module activates nothing.
+"""
+from __future__ import annotations
+
+import atexit
+import importlib.util
+import os
+import sys
+from pathlib import Path
+from typing import MutableMapping, Optional, Sequence
+
+from .log import get_logger
+from .selection import LAUNCHER_MARK
+
+log = get_logger("launcher")
+
+#: folder holding the ``sitecustomize.py`` that activates child interpreters
+BOOTSTRAP_DIR = str(Path(__file__).resolve().parent / "bootstrap")
+#: "1": the bootstrap activates this process when it imports torch
+ACTIVATE_ENV = "FL_ACTIVATE"
+#: "1": every activated process prints the routing report when it exits
+REPORT_ENV = "FL_RUN_REPORT"
+REPORT_MODULE = "flagos_torchfl.routing.report"
+
+
+def prepare_environment(
+    environ: MutableMapping[str, str],
+    backends: Optional[Sequence[str]] = None,
+    log_level: Optional[str] = None,
+    report: bool = False,
+) -> MutableMapping[str, str]:
+    """Set in ``environ`` (and return it) the variables that make the launched program and every
+    Python child it starts activate: ``backends`` are canonical names, already validated."""
+    paths = [p for p in environ.get("PYTHONPATH", "").split(os.pathsep) if p and p != BOOTSTRAP_DIR]
+    environ["PYTHONPATH"] = os.pathsep.join([BOOTSTRAP_DIR, *paths])
+    environ[ACTIVATE_ENV] = "1"
+    if backends:
+        environ["FL_BACKEND"] = ",".join(backends)
+        environ[LAUNCHER_MARK] = "1"
+    if log_level:
+        environ["FL_LOG_LEVEL"] = log_level
+    if report:
+        environ[REPORT_ENV] = "1"
+    return environ
+
+
+def activate():
+    """Select and activate the backend the ``FL_*`` environment asks for (automatic when none
+    is named) and, under ``--report``, arrange the routing report at exit. Returns the
+    Selection; raises what :func:`flagos_torchfl.auto_select_backend` raises."""
+    from .api import activate_for_launcher
+
+    selection = activate_for_launcher()
+    if os.environ.get(REPORT_ENV) == "1":
+        atexit.register(print_report)
+    log.debug("process %d activated: %s (%s)", os.getpid(), selection.backend, selection.reason)
+    return selection
+
+
+def failure_message(exc: BaseException) -> str:
+    """The one line a process prints when it cannot activate."""
+    backend = os.environ.get("FL_BACKEND", "").strip() or "auto"
+    detail = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+    return f"flagos_torchfl: cannot activate backend {backend}: {detail}"
+
+
+def print_report() -> None:
+    """Print the routing report to stderr, if the installed routing layer provides one."""
+    try:
+        found = importlib.util.find_spec(REPORT_MODULE) is not None
+    except ImportError:
+        found = False
+    if not found:
+        return
+    from .routing import report
+
+    print(report.render(), file=sys.stderr)

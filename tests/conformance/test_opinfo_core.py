@@ -1,0 +1,24 @@
+"""CI conformance on the sim with the core native set: the OpInfos of ``ci_subset.txt``
+against the CPU (the whole database: ``python tools/opinfo_sweep.py --native core``)."""
+from __future__ import annotations
+
+import pytest
+
+pytestmark = pytest.mark.isolated
+
+
+def test_ci_subset_matches_the_cpu():
+    from tests.conformance import harness
+
+    router = harness.start_sim("core")
+    by_name = {harness.opinfo_id(op): op for op in harness.float32_opinfos()}
+    names = harness.ci_subset()
+    assert len(names) >= 100
+    outcomes = [o for name in names for o in harness.run_opinfo(by_name[name], router)]
+    summary = harness.summarise(outcomes)
+    failing = {f["op"] for f in summary["failures"]}
+    assert failing <= set(harness.KNOWN_FAILURES), summary["failures"][:5]
+    assert summary["pass_rate"] >= 0.99, summary["pass_rate"]
+    routes = summary["routes"]
+    for route in ("native", "composite", "fallback"):
+        assert routes[route]["through"] > 0, route

@@ -1,0 +1,96 @@
+"""The corpus: CUDA-written scripts run unchanged through flagos_torchfl and print exactly the
+losses of their CPU twins (the same computation written plainly for the CPU).
+
+Each script runs the three-line way (``run_with_ft.py``: import, ``ft.auto_select_backend()``,
+then the script) and, where the launcher exists, as ``python -m flagos_torchfl run script.py``.
+When the selected backend is CUDA itself (NVIDIA, ROCm) the reference is the script run plainly,
+compared to a relative 1e-5 (GPU kernels may reduce in varying order); otherwise the twin's
+printed floats must be equal to the last digit.
+"""
+from __future__ import annotations
+
+import concurrent.futures
+import importlib.util
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+CORPUS = Path(__file__).resolve().parent
+TWINS = CORPUS / "cpu_twins"
+SCRIPTS = sorted(
+    p.name for p in CORPUS.glob("*.py") if not p.name.startswith(("test_", "run_")) and p.name != "conftest.py"
+)
+MODES = ["api"] + (["launcher"] if importlib.util.find_spec("flagos_torchfl.cli.run") else [])
+TIMEOUT = 300
+
+
+def _native_cuda() -> bool:
+    """Whether auto-selection here picks a backend whose device type is cuda."""
+    from flagos_torchfl.backends import get_backend
+    from flagos_torchfl.selection import would_pick
+
+    name, _why = would_pick()
+    return name is not None and get_backend(name).device_type == "cuda"
+
+
+def _command(mode: str, script: str) -> list:
+    if mode == "twin":
+        return [sys.executable, str(TWINS / script)]
+    if mode == "plain":
+        return [sys.executable, str(CORPUS / script)]
+    if mode == "api":
+        return [sys.executable, str(CORPUS / "run_with_ft.py"), str(CORPUS / script)]
+    return [sys.executable, "-m", "flagos_torchfl", "run", str(CORPUS / script)]
+
+
+def _run(mode: str, script: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONHASHSEED="0")
+    return subprocess.run(_command(mode, script), cwd=CORPUS, env=env, capture_output=True,
+                          text=True, timeout=TIMEOUT)
+
+
+def losses(output: str) -> list:
+    """The ``loss <step> <value>`` lines of a run, as (step, value text)."""
+    found = []
+    for line in output.splitlines():
+        parts = line.split()
+        if len(parts) == 3 and parts[0] == "loss":
+            found.append((parts[1], parts[2]))
+    return found
+
+
+@pytest.fixture(scope="module")
+def runs():
+    """Every run the module needs, two at a time (the machine has two cores)."""
+    reference = "plain" if _native_cuda() else "twin"
+    jobs = [(m, s) for s in SCRIPTS for m in (reference, *MODES)]
+    with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
+        results = dict(zip(jobs, pool.map(lambda job: _run(*job), jobs)))
+    return reference, results
+
+
+def test_corpus_is_complete():
+    assert len(SCRIPTS) >= 12
+    missing = [s for s in SCRIPTS if not (TWINS / s).exists()]
+    assert not missing, f"scripts without a CPU twin: {missing}"
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_script_matches_its_reference(runs, script, mode):
+    reference, results = runs
+    ref, got = results[(reference, script)], results[(mode, script)]
+    assert ref.returncode == 0, f"{reference} run of {script} failed:\n{ref.stderr[-3000:]}"
+    assert got.returncode == 0, f"{mode} run of {script} failed:\n{got.stderr[-3000:]}"
+    expected, actual = losses(ref.stdout), losses(got.stdout)
+    assert len(expected) >= 4, f"{script} printed too few losses:\n{ref.stdout}"
+    if reference == "twin":
+        assert actual == expected
+    else:
+        assert [s for s, _ in actual] == [s for s, _ in expected]
+        for (_, a), (_, e) in zip(actual, expected):
+            assert math.isclose(float(a), float(e), rel_tol=1e-5), (a, e)

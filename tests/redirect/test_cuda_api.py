@@ -1,0 +1,166 @@
+"""The torch.cuda facade on the CPU backend: every served answer, and clear errors for the rest."""
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+from flagos_torchfl.errors import UnsupportedFeatureError
+from flagos_torchfl.redirect import DeviceOrdinalError
+from flagos_torchfl.redirect.cuda_api import HostEvent, InlineStream
+
+
+def test_device_queries(cpu_backend):
+    cuda = torch.cuda
+    assert cuda.is_available() is True and cuda.is_initialized() is True
+    assert cuda.device_count() == 1 and cuda.current_device() == 0
+    cuda.set_device(0)
+    cuda.set_device("cuda:0")
+    with cuda.device(0):
+        assert cuda.current_device() == 0
+    name = cuda.get_device_name()
+    props = cuda.get_device_properties(0)
+    assert props.name == name == cuda.get_device_name(0) and props.total_memory > 0
+    assert cuda.get_device_capability() == (0, 0) and cuda.is_bf16_supported() is True
+    cuda.synchronize()
+    cuda.synchronize(0)
+    cuda.init()
+    with pytest.raises(DeviceOrdinalError, match="backend 'cpu' has 1 device"):
+        cuda.set_device(1)
+
+
+def test_device_context_on_two_devices(two_cpu_devices):
+    cuda = torch.cuda
+    assert cuda.device_count() == 2
+    with cuda.device(1):
+        assert cuda.current_device() == 1
+        with cuda.device(0):
+            assert cuda.current_device() == 0
+        assert cuda.current_device() == 1
+    assert cuda.current_device() == 0
+    cuda.set_device(1)
+    assert cuda.current_device() == 1
+    cuda.set_device(0)
+
+
+def test_streams_and_events(cpu_backend):
+    cuda = torch.cuda
+    start, end = cuda.Event(enable_timing=True), cuda.Event(enable_timing=True)
+    assert isinstance(start, HostEvent)
+    start.record()
+    time.sleep(0.02)
+    end.record()
+    end.synchronize()
+    assert 15.0 <= start.elapsed_time(end) < 2000.0
+    with pytest.raises(RuntimeError, match="recorded"):
+        cuda.Event(enable_timing=True).elapsed_time(end)
+    with pytest.raises(ValueError, match="enable_timing"):
+        cuda.Event().elapsed_time(end)
+    s = cuda.Stream()
+    assert isinstance(s, InlineStream) and s.query()
+    default = cuda.current_stream()
+    assert default is cuda.default_stream()
+    with cuda.stream(s):
+        assert cuda.current_stream() is s
+        s.wait_stream(default)
+        ev = s.record_event()
+        s.wait_event(ev)
+    assert cuda.current_stream() is default
+    s.synchronize()
+
+
+def test_memory_queries(cpu_backend):
+    cuda = torch.cuda
+    for fn in (cuda.memory_allocated, cuda.memory_reserved, cuda.max_memory_allocated,
+               cuda.max_memory_reserved, cuda.memory_cached):
+        assert fn() == 0 and fn(0) == 0
+    cuda.reset_peak_memory_stats()
+    cuda.reset_max_memory_allocated()
+    cuda.empty_cache()
+    cuda.ipc_collect()
+    free, total = cuda.mem_get_info()
+    assert 0 < free <= total
+    assert cuda.memory_stats() == {} and cuda.memory_snapshot() == []
+    assert "no allocator statistics" in cuda.memory_summary()
+    assert cuda.memory.memory_allocated() == 0
+    with pytest.raises(UnsupportedFeatureError, match=r"torch.cuda.memory._record_memory_history .*'cpu'"):
+        cuda.memory._record_memory_history()
+
+
+def test_seeding_uses_the_backend_generator(cpu_backend):
+    torch.cuda.manual_seed(7)
+    a = torch.rand(3, device="cuda")
+    torch.manual_seed(7)
+    assert torch.equal(a, torch.rand(3))
+    torch.cuda.manual_seed_all(8)
+    assert torch.cuda.initial_seed() == 8
+    state = torch.cuda.get_rng_state()
+    b = torch.rand(2)
+    torch.cuda.set_rng_state(state)
+    assert torch.equal(b, torch.rand(2))
+    states = torch.cuda.get_rng_state_all()
+    c = torch.rand(2)
+    torch.cuda.set_rng_state_all(states)
+    assert torch.equal(c, torch.rand(2))
+    assert torch.cuda.default_generators == (torch.default_generator,)
+    before = torch.get_rng_state()
+    with torch.random.fork_rng(device_type="cuda"):
+        torch.rand(5)
+    assert torch.equal(before, torch.get_rng_state())
+
+
+
+def test_nvtx_and_amp_namespaces(cpu_backend):
+    assert torch.cuda.nvtx.range_push("step") == 0
+    torch.cuda.nvtx.range_pop()
+    with torch.cuda.nvtx.range("block"):
+        pass
+    torch.cuda.nvtx.mark("x")
+    assert torch.cuda.amp is __import__("torch.cuda.amp").cuda.amp
+    assert isinstance(torch.cuda.current_stream(), torch.cuda.Stream)
+    assert isinstance(torch.cuda.stream(None), torch.cuda.StreamContext)
+    from torch.cuda import nvtx
+
+    nvtx.range_push("from-import")
+
+
+@pytest.mark.parametrize("name", ["CUDAGraph", "graph", "make_graphed_callables", "utilization",
+                                  "set_per_process_memory_fraction", "jiterator", "caching_allocator_alloc"])
+def test_unserved_attributes_raise_on_use_naming_attribute_and_backend(cpu_backend, name):
+    stand_in = getattr(torch.cuda, name)  # naming it (annotations, isinstance) is harmless
+    assert not isinstance(torch.zeros(1), stand_in)
+    assert stand_in | None is not None
+    for use in (lambda: stand_in(), lambda: stand_in.replay, lambda: stand_in(0, device="cuda")):
+        with pytest.raises(UnsupportedFeatureError) as info:
+            use()
+        message = str(info.value)
+        assert f"torch.cuda.{name}" in message and "'cpu'" in message
+        assert "not compiled with CUDA" not in message
+    assert getattr(torch.cuda, name) is stand_in
+
+
+def test_backends_flags_are_harmless(cpu_backend):
+    torch.backends.cudnn.benchmark = True
+    torch.backends.cudnn.deterministic = True
+    torch.backends.cuda.matmul.allow_tf32 = True
+    torch.backends.cudnn.allow_tf32 = True
+    torch.backends.cuda.enable_flash_sdp(False)
+    torch.backends.cuda.enable_flash_sdp(True)
+    torch.backends.cudnn.benchmark = False
+    torch.backends.cudnn.deterministic = False
+    torch.backends.cuda.matmul.allow_tf32 = False
+    with pytest.raises(UnsupportedFeatureError, match="torch.backends.cuda.cufft_plan_cache .*'cpu'"):
+        torch.backends.cuda.cufft_plan_cache.size
+
+
+def test_accelerator_stays_truthful(cpu_backend):
+    assert torch.accelerator.is_available() is False
+    assert torch.get_device_module() is torch.cpu
+    assert torch.get_device_module("cuda") is torch.cuda
+    assert torch.OutOfMemoryError is torch.cuda.OutOfMemoryError
+
+
+def test_private_plumbing_reaches_real_module(cpu_backend):
+    assert torch.cuda._is_compiled() is False
+    assert callable(torch.cuda._lazy_init)

@@ -1,0 +1,67 @@
+"""CUDA-written code on the simulated accelerator ``sim`` (PrivateUse1, so this module runs in a
+fresh interpreter of its own: registering it cannot be undone)."""
+from __future__ import annotations
+
+import io
+
+import pytest
+import torch
+
+import flagos_torchfl as ft
+
+pytestmark = pytest.mark.isolated
+
+
+@pytest.fixture
+def sim_backend(monkeypatch):
+    monkeypatch.setenv("FL_BACKEND", "sim")
+    ft.deactivate()
+    try:
+        selection = ft.auto_select_backend()
+    except ft.FlagOSError as exc:
+        pytest.skip(f"sim backend unavailable here: {exc}")
+    yield selection
+    ft.deactivate()
+
+
+def test_training_step_lands_on_sim(sim_backend):
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 2).cuda()
+    x = torch.randn(3, 4).to("cuda:0")
+    loss = model(x).pow(2).mean()
+    loss.backward()
+    assert model.weight.device.type == "sim" and model.weight.grad.device.type == "sim"
+    assert x.device == torch.device("sim", 0) and x.is_cuda is False
+    with torch.device("cuda"):
+        assert torch.ones(1).device.type == "sim"
+
+
+def test_facade_answers_from_the_sim_module(sim_backend):
+    assert torch.cuda.device_count() == len(sim_backend.devices)
+    assert torch.cuda.get_device_name() == torch.sim.get_device_name(0)
+    torch.cuda.synchronize()
+    x = torch.zeros(256, device="cuda")
+    assert torch.cuda.memory_allocated() == torch.sim.memory_allocated(0) > 0
+    assert isinstance(torch.cuda.current_stream(), torch.sim.Stream)
+    torch.cuda.manual_seed(3)
+    a = torch.rand(2, device="cuda").cpu()
+    torch.cuda.manual_seed(3)
+    assert torch.equal(a, torch.rand(2, device="cuda").cpu())
+    del x
+
+
+def test_checkpoint_round_trip(sim_backend):
+    buffer = io.BytesIO()
+    torch.save({"w": torch.arange(3.0, device="cuda")}, buffer)
+    buffer.seek(0)
+    loaded = torch.load(buffer, map_location="cuda:0")
+    assert loaded["w"].device.type == "sim" and loaded["w"].cpu().tolist() == [0.0, 1.0, 2.0]
+
+
+def test_cycles_restore_torch(sim_backend, torch_state):
+    ft.deactivate()
+    first = torch_state.snapshot()
+    ft.auto_select_backend()
+    ft.deactivate()
+    assert torch_state.difference(first, torch_state.snapshot()) == []
+    ft.auto_select_backend()

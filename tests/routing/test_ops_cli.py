@@ -1,0 +1,90 @@
+"""``python -m flagos_torchfl ops``: routes per operator, category coverage, and the export /
+replay round trip (a chip's native table replayed on the sim)."""
+from __future__ import annotations
+
+import json
+
+from tests.helpers import run_python
+
+MODEL = r"""
+import torch
+from tests.routing.simutil import start_sim
+from flagos_torchfl.routing import report
+router, _ = start_sim()
+torch.manual_seed(0)
+net = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.ReLU(), torch.nn.Flatten(), torch.nn.Linear(4 * 6 * 6, 2))
+x = torch.randn(2, 3, 8, 8)
+expected = net(x)
+got = net.to("sim")(x.to("sim"))
+torch.testing.assert_close(got.cpu(), expected)
+print("NATIVE", len(router.policy.native))
+print(report.render())
+"""
+
+
+def test_export_then_replay_on_the_sim(tmp_path):
+    table = tmp_path / "cpu_ops.json"
+    done = run_python(["-m", "flagos_torchfl", "ops", "--backend", "cpu", "--export", str(table)])
+    assert done.returncode == 0, done.stderr
+    assert f"replay with FL_SIM_NATIVE_OPS={table}" in done.stdout
+    data = json.loads(table.read_text())
+    assert data["backend"] == "cpu" and data["torch"].startswith("2.")
+    assert "aten::add.Tensor" in data["native_ops"] and len(data["native_ops"]) > 1000
+    planned = run_python(["-m", "flagos_torchfl", "ops", "--backend", "sim", "--json"],
+                         env={"FL_SIM_NATIVE_OPS": str(table)})
+    assert planned.returncode == 0, planned.stderr
+    plan = json.loads(planned.stdout)
+    assert plan["routes"]["native"] > 900 and plan["categories"]["routed"] == []
+    ran = run_python(["-c", MODEL], env={"FL_SIM_NATIVE_OPS": str(table)}, timeout=300)
+    assert ran.returncode == 0, ran.stderr
+    # the CPU's table has no convolution_overrideable: on that "chip" convolution falls back
+    assert "aten::convolution_overrideable" in ran.stdout and "fallback" in ran.stdout
+
+
+def test_routes_of_every_operator_on_the_sim():
+    done = run_python(["-m", "flagos_torchfl", "ops", "--backend", "sim"])
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0].split() == ["OPERATOR", "ROUTE", "DETAIL"]
+    rows = {line.split()[0]: line.split()[1] for line in lines[1:] if line.startswith("aten::")}
+    assert rows["aten::add.Tensor"] == "native" and rows["aten::silu.out"] == "composite"
+    assert rows["aten::histc"] == "fallback" and rows["aten::cudnn_convolution"] == "unsupported"
+    assert "common categories native" in lines[-1]
+    only = run_python(["-m", "flagos_torchfl", "ops", "--backend", "sim", "--route", "composite"])
+    assert {line.split()[1] for line in only.stdout.splitlines()[1:] if line.startswith("aten::")} == {"composite"}
+
+
+def test_overrides_show_in_the_plan():
+    done = run_python(["-m", "flagos_torchfl", "ops", "--backend", "sim", "--json"],
+                      env={"FL_OP_ROUTE": "softmax=cpu"})
+    rows = {r["op"]: r for r in json.loads(done.stdout)["operators"]}
+    assert rows["aten::_softmax"]["route"] == "fallback"
+    assert rows["aten::_softmax"]["detail"] == "FL_OP_ROUTE sets softmax=cpu"
+
+
+def test_categories_and_names():
+    cats = run_python(["-m", "flagos_torchfl", "ops", "--backend", "sim", "--categories"])
+    assert "native  matmul" in cats.stdout and "routed  " in cats.stdout
+    names = run_python(["-m", "flagos_torchfl", "ops", "--names"])
+    assert "SDPA -> attention" in names.stdout and "layer_norm" in names.stdout
+
+
+def test_a_chip_that_is_not_here_is_a_clear_error():
+    done = run_python(["-m", "flagos_torchfl", "ops", "--backend", "ascend", "--export", "x.json"])
+    assert done.returncode == 1 and "backend 'ascend' is not available" in done.stdout
+
+
+def test_bad_native_ops_name_is_a_clear_error():
+    done = run_python(["-m", "flagos_torchfl", "ops", "--backend", "sim"], env={"FL_SIM_NATIVE_OPS": "add,sofmax"})
+    assert done.returncode == 1 and "sofmax" in done.stdout
+
+
+def test_detect_shows_category_coverage():
+    done = run_python(["-m", "flagos_torchfl", "detect", "--json"])
+    rows = {r["name"]: r for r in json.loads(done.stdout)["backends"]}
+    total = rows["cpu"]["categories"].split("/")[1]
+    assert rows["cpu"]["categories"] == f"{total}/{total}"
+    assert rows["sim"]["categories"].endswith(f"/{total}")
+    assert rows["ascend"]["categories"] is None
+    text = run_python(["-m", "flagos_torchfl", "detect"]).stdout
+    assert "CATEGORIES" in text.splitlines()[0]
