@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import json
 
-from ..backends import ProbeResult, registry
+from ..backends import registry
 from ..config import format_bytes
 from ..routing.plan import category_summary
 from ..selection import would_pick

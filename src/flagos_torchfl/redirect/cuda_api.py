@@ -30,10 +30,7 @@ backend (on the CPU backend, no accelerator).
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import os
-import threading
-import time
 import types
 from typing import Any, Callable, Dict, Optional
 
@@ -41,6 +38,9 @@ import torch
 
 from ..errors import UnsupportedFeatureError
 from .devices import Target
+from .host_runtime import (
+    DeviceProperties, HostEvent, InlineStream, InlineStreamContext, host_memory_info, stream_state,
+)
 from .patches import Patcher, patch_function
 
 #: private names that are features, not plumbing: unserved stand-ins like unserved public names
@@ -60,7 +60,6 @@ LEGACY_TYPES = {
     "BoolTensor": torch.bool,
 }
 
-_state = threading.local()
 _active: Dict[str, Any] = {"facade": None, "backends_cuda": None}
 
 
@@ -158,83 +157,6 @@ class Namespace(types.ModuleType):
         return stand_in
 
 
-# ---------------------------------------------------------------- host stand-ins
-@dataclasses.dataclass(frozen=True)
-class DeviceProperties:
-    """``torch.cuda.get_device_properties`` where the backend has none: no compute
-    capability (major=minor=0, so capability-gated CUDA kernels stay off), no GPU architecture
-    (``gcnArchName`` empty: torch's inductor reads it to key its cache)."""
-
-    name: str
-    total_memory: int
-    multi_processor_count: int
-    major: int = 0
-    minor: int = 0
-    is_integrated: bool = True
-    is_multi_gpu_board: bool = False
-    gcnArchName: str = ""
-    uuid: str = ""
-    L2_cache_size: int = 0
-    warp_size: int = 1
-
-
-class HostEvent:
-    """``torch.cuda.Event`` on a device without events: work has already run when ``record``
-    is called, so an event is a host timestamp; ``elapsed_time`` is in milliseconds."""
-
-    def __init__(self, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False, **_):
-        self.enable_timing = enable_timing
-        self._time: Optional[float] = None
-
-    def record(self, stream: Any = None) -> None:
-        self._time = time.perf_counter()
-
-    def elapsed_time(self, end_event: "HostEvent") -> float:
-        if not (self.enable_timing and end_event.enable_timing):
-            raise ValueError("Both events must be created with argument 'enable_timing=True'")
-        if self._time is None or end_event._time is None:
-            raise RuntimeError("Both events must be recorded before calculating elapsed time")
-        return (end_event._time - self._time) * 1000.0
-
-    def query(self) -> bool:
-        return True
-
-    def synchronize(self) -> None:
-        """Nothing to wait for: host work is complete when it returns."""
-
-    def wait(self, stream: Any = None) -> None:
-        """Nothing to wait for."""
-
-
-class InlineStream:
-    """``torch.cuda.Stream`` on a device without streams: work runs inline, in order, so
-    every query is True and every wait returns at once."""
-
-    def __init__(self, device: Any = None, priority: int = 0, **_):
-        self.device = device
-        self.priority = priority
-
-    def query(self) -> bool:
-        return True
-
-    def synchronize(self) -> None:
-        """Nothing to wait for."""
-
-    def wait_event(self, event: Any) -> None:
-        """Nothing to wait for."""
-
-    def wait_stream(self, stream: Any) -> None:
-        """Nothing to wait for."""
-
-    def record_event(self, event: Optional[HostEvent] = None) -> HostEvent:
-        event = event if event is not None else HostEvent()
-        event.record(self)
-        return event
-
-    def __repr__(self) -> str:
-        return f"<InlineStream device={self.device}>"
-
-
 def _legacy_type(name: str, dtype: torch.dtype, target: Target) -> type:
     """``torch.cuda.<name>``: constructs like ``torch.<name>`` and moves to the target;
     ``isinstance`` is True for tensors of that dtype on the backend's device."""
@@ -248,21 +170,6 @@ def _legacy_type(name: str, dtype: torch.dtype, target: Target) -> type:
         return cpu_type(*args, **kwargs).to(target.translate("cuda"))
 
     return _Meta(name, (), {"__new__": __new__, "dtype": dtype, "__module__": "torch.cuda"})
-
-
-def _host_memory_info() -> tuple:
-    """(available, total) host memory in bytes from /proc/meminfo (sysconf elsewhere)."""
-    try:
-        values = {}
-        with open("/proc/meminfo") as fh:
-            for line in fh:
-                key, _, rest = line.partition(":")
-                values[key] = int(rest.split()[0]) * 1024
-        return values["MemAvailable"], values["MemTotal"]
-    except (OSError, KeyError, ValueError, IndexError):
-        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-        free = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
-        return free, total
 
 
 class CudaFacade:
@@ -446,7 +353,7 @@ class CudaFacade:
         memory = self.t.device_memory[logical] if logical < len(self.t.device_memory) else None
         return DeviceProperties(
             name=self.t.device_names[logical],
-            total_memory=memory if memory is not None else _host_memory_info()[1],
+            total_memory=memory if memory is not None else host_memory_info()[1],
             multi_processor_count=os.cpu_count() or 1,
         )
 
@@ -522,7 +429,7 @@ class CudaFacade:
         ``torch.cuda.stream(...)`` block, else the default one."""
         if self._has_streams():
             return self._mod("current_stream")(self._phys(device))
-        stack = getattr(_state, "streams", None)
+        stack = getattr(stream_state, "streams", None)
         return stack[-1] if stack else self.default_stream(device)
 
     def set_stream(self, stream: Any) -> None:
@@ -530,7 +437,7 @@ class CudaFacade:
         if self._has_streams():
             self._mod("set_stream")(stream)
         elif stream is not None:
-            _state.streams = [stream]
+            stream_state.streams = [stream]
 
     def stream(self, stream: Any) -> Any:
         """``with torch.cuda.stream(s):`` — the backend's context, or (CPU) one that makes
@@ -600,7 +507,7 @@ class CudaFacade:
         if fn is not None:
             return tuple(fn(self._phys(device)))
         self.t.logical_index(device)
-        return _host_memory_info()
+        return host_memory_info()
 
     # -------------------------------------------------------------- random numbers
     # On the CPU backend every logical device has the one CPU generator. Elsewhere the device
@@ -706,27 +613,6 @@ class CudaFacade:
         if own is not None:
             served = {name: getattr(own, name, fn) for name, fn in served.items()}
         return Namespace("torch.cuda.nvtx", served, None, self.t)
-
-
-class InlineStreamContext:
-    """``torch.cuda.stream(s)`` / ``torch.cuda.StreamContext(s)`` on a device without streams:
-    makes ``s`` this thread's current stream inside the block (None: no change)."""
-
-    def __init__(self, stream: Any):
-        self.stream = stream
-
-    def __enter__(self) -> Any:
-        if self.stream is not None:
-            stack = getattr(_state, "streams", None)
-            if stack is None:
-                stack = _state.streams = []
-            stack.append(self.stream)
-        return self.stream
-
-    def __exit__(self, *exc: Any) -> bool:
-        if self.stream is not None:
-            _state.streams.pop()
-        return False
 
 
 @patch_function("torch_cuda", on_cuda=True)
