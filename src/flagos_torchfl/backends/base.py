@@ -8,7 +8,8 @@ import dataclasses
 import importlib
 import importlib.util
 import os
-from typing import Any, List, Optional, Tuple
+from types import MappingProxyType
+from typing import Any, List, Mapping, Optional, Tuple
 
 from . import probe as _probe
 
@@ -75,8 +76,10 @@ class Backend:
     driver_pattern: str = ""
     #: the vendor's equivalent of CUDA_VISIBLE_DEVICES (None: CUDA_VISIBLE_DEVICES itself)
     visible_devices_env: Optional[str] = None
-    #: dtypes the chip has natively for most ops but not all (used by routing)
-    dtype_gaps: Tuple[str, ...] = ()
+    #: operators the chip has natively but not for some dtypes: dtype name -> operator names
+    #: (semantic names, categories or ATen names; "*": every native operator), e.g.
+    #: ``{"float64": ("matmul", "aten::cumsum")}``. Routing gives them a route for those dtypes.
+    dtype_gaps: Mapping[str, Tuple[str, ...]] = MappingProxyType({})
 
     # ----------------------------------------------------------------- probing
     def probe(self, timeout: Optional[float] = None, count_ops: bool = True) -> ProbeResult:
