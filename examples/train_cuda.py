@@ -12,7 +12,7 @@ torch.cuda.manual_seed_all(0)
 
 model = nn.Sequential(nn.Linear(32, 64), nn.GELU(), nn.LayerNorm(64), nn.Linear(64, 4)).cuda()
 optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
-scaler = torch.cuda.amp.GradScaler()
+scaler = torch.amp.GradScaler("cuda")
 
 x = torch.randn(256, 32, device="cuda")
 y = torch.randint(0, 4, (256,), device=device)
@@ -21,7 +21,7 @@ start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timin
 start.record()
 for step in range(20):
     optimizer.zero_grad(set_to_none=True)
-    with torch.cuda.amp.autocast():
+    with torch.autocast("cuda"):
         loss = nn.functional.cross_entropy(model(x), y)
     scaler.scale(loss).backward()
     scaler.step(optimizer)

@@ -16,10 +16,7 @@ pytestmark = pytest.mark.isolated
 def sim_backend(monkeypatch):
     monkeypatch.setenv("FL_BACKEND", "sim")
     ft.deactivate()
-    try:
-        selection = ft.auto_select_backend()
-    except ft.FlagOSError as exc:
-        pytest.skip(f"sim backend unavailable here: {exc}")
+    selection = ft.auto_select_backend()
     yield selection
     ft.deactivate()
 
@@ -65,3 +62,16 @@ def test_cycles_restore_torch(sim_backend, torch_state):
     ft.deactivate()
     assert torch_state.difference(first, torch_state.snapshot()) == []
     ft.auto_select_backend()
+
+
+def test_moving_a_module_keeps_tied_weights_tied(sim_backend):
+    embedding = torch.nn.Embedding(10, 4)
+    head = torch.nn.Linear(4, 10, bias=False)
+    head.weight = embedding.weight
+    model = torch.nn.ModuleDict({"embedding": embedding, "head": head}).cuda()
+    assert model["head"].weight is model["embedding"].weight
+    assert model["head"].weight.device.type == "sim"
+    model.to("cpu")
+    assert model["head"].weight is model["embedding"].weight
+    ft.deactivate()
+    assert "_apply" not in vars(torch.nn.Module) or torch.nn.Module._apply.__module__ == "torch.nn.modules.module"

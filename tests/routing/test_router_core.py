@@ -177,14 +177,3 @@ def test_report_orders_by_time_and_renders(router):
     text = report.render()
     assert text.startswith("routing report for sim (PrivateUse1")
     assert "aten::silu.out" in text and "total by route:" in text
-
-
-def test_moving_a_module_keeps_tied_weights_tied(router):
-    embedding = torch.nn.Embedding(10, 4)
-    head = torch.nn.Linear(4, 10, bias=False)
-    head.weight = embedding.weight
-    model = torch.nn.ModuleDict({"embedding": embedding, "head": head}).to("sim")
-    assert model["head"].weight is model["embedding"].weight
-    assert model["head"].weight.device.type == "sim"
-    model.to("cpu")
-    assert model["head"].weight is model["embedding"].weight

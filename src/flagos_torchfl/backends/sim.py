@@ -40,8 +40,7 @@ class SimBackend(Backend):
     def activate(self, selection):
         """Install the sim for ``selection``: its device count, its memory limit, and the native
         operators named by ``FL_SIM_NATIVE_OPS`` (ATen names, categories or friendly names of the
-        semantic table, or a file such as one ``ops --export`` wrote). While it is active,
-        moving a module keeps weights tied (see :func:`keep_tied_parameters`). Raises a clear
+        semantic table, or a file such as one ``ops --export`` wrote). Raises a clear
         error on a torch older than the sim needs or when another backend holds PrivateUse1;
         returns the undo."""
         import torch
@@ -66,43 +65,5 @@ class SimBackend(Backend):
         if sim.is_installed():
             sim.set_memory_limit(limit)
         sim.install(num_devices=count, native_ops=native, memory_limit=limit)
-        return keep_tied_parameters()
+        return None
 
-
-def keep_tied_parameters():
-    """Make ``Module.to``/``.cuda`` keep a parameter shared by several modules shared (tied
-    embeddings and LM heads). A PrivateUse1 tensor cannot take over a CPU parameter's ``.data``,
-    so ``Module._apply`` replaces the parameter in each module separately, untying it; this
-    wraps ``_apply`` to re-tie such parameters afterwards. Returns the undo."""
-    import threading
-
-    import torch
-
-    original = torch.nn.Module._apply
-    local = threading.local()
-
-    def _apply(self, fn, recurse=True):
-        if getattr(local, "inside", False):
-            return original(self, fn, recurse)
-        owners = {}
-        for module in self.modules():
-            for key, param in module._parameters.items():
-                if param is not None:
-                    owners.setdefault(id(param), []).append((module, key))
-        local.inside = True
-        try:
-            result = original(self, fn, recurse)
-        finally:
-            local.inside = False
-        for shared in owners.values():
-            first = shared[0][0]._parameters[shared[0][1]]
-            for module, key in shared[1:]:
-                module._parameters[key] = first
-        return result
-
-    torch.nn.Module._apply = _apply
-
-    def undo():
-        torch.nn.Module._apply = original
-
-    return undo

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import threading
 
 import torch
 
@@ -77,6 +78,45 @@ def patch_module_to(target: Target, patcher: Patcher) -> None:
     patcher.setattr(module, "to", to)
     patcher.setattr(module, "cuda", cuda)
     patcher.setattr(module, "to_empty", to_empty)
+
+
+@patch_function("module_tied_parameters")
+def patch_module_tied_parameters(target: Target, patcher: Patcher) -> None:
+    """On a PrivateUse1 backend (Ascend, Cambricon, Moore Threads, sim), ``Module.to``/``.cuda``
+    keep a parameter shared by several modules shared (tied embeddings and LM heads).
+
+    A PrivateUse1 tensor cannot take over a CPU parameter's ``.data`` (PyTorch counts only CPU,
+    CUDA, HIP, MPS, XPU and HPU tensors as shallow-copy compatible), so ``Module._apply``
+    replaces the parameter in each module separately and unties it; the wrapped ``_apply``
+    re-ties such parameters afterwards. Other backends are left alone."""
+    if target.device_type != torch._C._get_privateuse1_backend_name():
+        return
+    local = threading.local()
+
+    def make(original):
+        @functools.wraps(original)
+        def _apply(self, fn, recurse=True):
+            if getattr(local, "inside", False):
+                return original(self, fn, recurse)
+            owners = {}
+            for module in self.modules():
+                for key, param in module._parameters.items():
+                    if param is not None:
+                        owners.setdefault(id(param), []).append((module, key))
+            local.inside = True
+            try:
+                result = original(self, fn, recurse)
+            finally:
+                local.inside = False
+            for shared in owners.values():
+                first = shared[0][0]._parameters[shared[0][1]]
+                for module, key in shared[1:]:
+                    module._parameters[key] = first
+            return result
+
+        return _apply
+
+    patcher.wrap(torch.nn.Module, "_apply", make)
 
 
 @patch_function("pin_memory")

@@ -56,12 +56,13 @@ def activate(selection) -> Optional[Callable[[], None]]:
     global _active
     from ..backends import get_backend
     from ..log import get_logger
-    from .router import Router
 
     backend = get_backend(selection.backend)
     if backend.dispatch_key == "CPU":
         get_logger("routing").debug("the CPU runs every operator: nothing to route")
         return None
+    from .router import Router
+
     mode = registration_mode()
     router = Router(build_policy(backend))
     undo = router.install(mode)
