@@ -177,3 +177,22 @@ def test_report_orders_by_time_and_renders(router):
     text = report.render()
     assert text.startswith("routing report for sim (PrivateUse1")
     assert "aten::silu.out" in text and "total by route:" in text
+
+
+def test_lstm_runs_through_the_fused_cell_composites(router):
+    torch.manual_seed(0)
+    lstm = torch.nn.LSTM(6, 5, num_layers=2)
+    x = torch.randn(7, 3, 6)
+    out, (h, c) = lstm(x)
+    (out.square().mean() + h.sum() + c.sum()).backward()
+    expected = [out, h, c] + [p.grad for p in lstm.parameters()]
+    lstm.zero_grad()
+    lstm.to("sim")
+    out, (h, c) = lstm(x.to("sim"))
+    (out.square().mean() + h.sum() + c.sum()).backward()
+    got = [out, h, c] + [p.grad for p in lstm.parameters()]
+    for g, e in zip(got, expected):
+        torch.testing.assert_close(host(g), e)
+    routes = {r["op"]: r["route"] for r in ft.routing_report()}
+    assert routes["aten::_thnn_fused_lstm_cell"] == "composite"
+    assert routes["aten::_thnn_fused_lstm_cell_backward_impl"] == "composite"

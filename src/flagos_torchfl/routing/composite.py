@@ -72,6 +72,34 @@ def _math_attention(*args, **kwargs) -> int:
     return int(SDPBackend.MATH.value)
 
 
+def _fused_lstm_cell(input_gates, hidden_gates, cx, input_bias=None, hidden_bias=None):
+    """``_thnn_fused_lstm_cell`` (what ``nn.LSTM`` runs on any non-CPU device): returns
+    (hy, cy, workspace), the workspace holding the activated gates [i, f, g, o]."""
+    gates = input_gates + hidden_gates
+    if input_bias is not None:
+        gates = gates + input_bias + hidden_bias
+    i, f, g, o = gates.chunk(4, 1)
+    i, f, g, o = i.sigmoid(), f.sigmoid(), g.tanh(), o.sigmoid()
+    cy = f * cx + i * g
+    return o * cy.tanh(), cy, torch.cat([i, f, g, o], 1)
+
+
+def _fused_lstm_cell_backward(grad_hy, grad_cy, cx, cy, workspace, has_bias):
+    """``_thnn_fused_lstm_cell_backward_impl``: (grad of the gates, grad of cx, grad of the
+    bias) from the workspace :func:`_fused_lstm_cell` saved."""
+    i, f, g, o = workspace.chunk(4, 1)
+    tanh_cy = cy.tanh()
+    grad_c = torch.zeros_like(cy) if grad_cy is None else grad_cy
+    grad_o = torch.zeros_like(cy)
+    if grad_hy is not None:
+        grad_c = grad_c + grad_hy * o * (1 - tanh_cy * tanh_cy)
+        grad_o = grad_hy * tanh_cy
+    grad_gates = torch.cat([
+        grad_c * g * i * (1 - i), grad_c * cx * f * (1 - f), grad_c * i * (1 - g * g),
+        grad_o * o * (1 - o)], 1)
+    return grad_gates, grad_c * f, grad_gates.sum(0)
+
+
 #: decompositions that keep view semantics (views into the same storage), by overload
 VIEW_DECOMPOSITIONS = {
     "aten::view_as_complex": (_view_as_complex, "view.dtype then squeeze (a view)"),
@@ -81,6 +109,10 @@ VIEW_DECOMPOSITIONS = {
 EXTRA_DECOMPOSITIONS = {
     # which fused attention kernel to use: none, the composite (math) attention
     "aten::_fused_sdp_choice": (_math_attention, "the composite (math) attention"),
+    # nn.LSTM on a non-CPU device runs the fused cell, which only CUDA kernels implement
+    "aten::_thnn_fused_lstm_cell": (_fused_lstm_cell, "LSTM cell from sigmoid/tanh/mul/add"),
+    "aten::_thnn_fused_lstm_cell_backward_impl": (
+        _fused_lstm_cell_backward, "LSTM cell backward from the saved gates"),
 }
 
 
