@@ -17,7 +17,7 @@ import os
 import sys
 import traceback
 from pathlib import Path
-from typing import Dict, Iterable, List, Optional
+from typing import Dict, Iterable, List, Optional, Tuple
 
 import torch
 from torch.utils._pytree import tree_flatten
@@ -87,6 +87,16 @@ def small_native_ops() -> List[str]:
 def ci_subset() -> List[str]:
     """The OpInfos CI runs (``ci_subset.txt``)."""
     return _names("ci_subset.txt")
+
+
+def run_ci_subset(native: str) -> Tuple[int, dict]:
+    """Start the sim with the ``native`` set ("core" or "small"), run the CI subset's samples
+    against the CPU; returns (number of OpInfos run, :func:`summarise` of the outcomes)."""
+    router = start_sim(native)
+    by_name = {opinfo_id(op): op for op in float32_opinfos()}
+    names = ci_subset()
+    outcomes = [o for name in names for o in run_opinfo(by_name[name], router)]
+    return len(names), summarise(outcomes)
 
 
 @dataclasses.dataclass

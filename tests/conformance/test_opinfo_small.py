@@ -10,12 +10,8 @@ pytestmark = pytest.mark.isolated
 def test_ci_subset_matches_the_cpu():
     from tests.conformance import harness
 
-    router = harness.start_sim("small")
-    by_name = {harness.opinfo_id(op): op for op in harness.float32_opinfos()}
-    names = harness.ci_subset()
-    assert len(names) >= 100
-    outcomes = [o for name in names for o in harness.run_opinfo(by_name[name], router)]
-    summary = harness.summarise(outcomes)
+    count, summary = harness.run_ci_subset("small")
+    assert count >= 100
     failing = {f["op"] for f in summary["failures"]}
     assert failing <= set(harness.KNOWN_FAILURES), summary["failures"][:5]
     assert summary["pass_rate"] >= 0.99, summary["pass_rate"]
