@@ -61,19 +61,9 @@ class Registry:
             if not self._entry_points_pending:
                 return
             self._entry_points_pending = False
-            from importlib.metadata import entry_points
+            from ..entry_points import load_entry_points
 
-            try:
-                eps = entry_points(group=ENTRY_POINT_GROUP)
-            except TypeError:  # Python < 3.10
-                eps = entry_points().get(ENTRY_POINT_GROUP, [])
-            for ep in eps:
-                try:
-                    self.register(ep.load())
-                except Exception as exc:
-                    self.load_errors[ep.name] = (
-                        f"entry point {ep.value!r} failed to load: {type(exc).__name__}: {exc}"
-                    )
+            self.load_errors.update(load_entry_points(ENTRY_POINT_GROUP, self.register))
 
     def backends(self) -> List[Backend]:
         """Every backend, highest priority first."""

@@ -112,17 +112,9 @@ def _load_entry_points() -> None:
     if _entry_points_loaded:
         return
     _entry_points_loaded = True
-    from importlib.metadata import entry_points
+    from ..entry_points import load_entry_points
 
-    try:
-        eps = entry_points(group=ENTRY_POINT_GROUP)
-    except TypeError:  # Python < 3.10
-        eps = entry_points().get(ENTRY_POINT_GROUP, [])
-    for ep in eps:
-        try:
-            register_provider(ep.load())
-        except Exception as exc:
-            load_errors[ep.name] = f"entry point {ep.value!r} failed to load: {type(exc).__name__}: {exc}"
+    load_errors.update(load_entry_points(ENTRY_POINT_GROUP, register_provider))
 
 
 def providers() -> List[KernelProvider]:
