@@ -5,6 +5,8 @@ import shutil
 
 import pytest
 
+from tests.helpers import ROOT
+
 from tests.launcher.launching import REPORT_FUNCTION, launch, state, states, write
 
 FAMILY = REPORT_FUNCTION + '''
@@ -111,6 +113,27 @@ def test_child_that_cannot_activate_prints_why_and_exits_nonzero(tmp_path):
     assert "ran on the wrong device" not in proc.stdout
     assert "flagos_torchfl: cannot activate backend ascend: BackendUnavailableError:" in proc.stderr
     assert "torch_npu is not installed" in proc.stderr
+
+
+def test_child_activates_a_vendor_plugin_backend_promptly(tmp_path):
+    # The child's activation runs while torch's own import is finishing; the probe imports the
+    # vendor plugin (which imports torch) in another thread, which must not wait for it.
+    write(tmp_path, "parent.py", """
+        import subprocess, sys
+        subprocess.run([sys.executable, "child.py"], check=True)
+    """)
+    write(tmp_path, "child.py", REPORT_FUNCTION + '''
+import time
+start = time.monotonic()
+import torch
+fl_state("child", seconds=time.monotonic() - start, devices=torch.cuda.device_count())
+''')
+    plugin = ROOT / "tests" / "fixtures" / "fake_npu"
+    proc = launch("--backend", "ascend", "parent.py", cwd=tmp_path,
+                  env={"PYTHONPATH": str(plugin), "FL_PROBE_TIMEOUT": "20"})
+    child = state(proc.stdout, "child")
+    assert child["backend"] == "ascend", proc.stderr
+    assert child["seconds"] < 20 and child["devices"] == 1
 
 
 def test_users_own_sitecustomize_still_runs_in_children(tmp_path):

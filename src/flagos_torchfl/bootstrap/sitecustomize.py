@@ -73,6 +73,11 @@ class _WatchedLoader:
         finally:
             self._watcher.loading.discard(self._name)
             _restore_loader(module, self._loader)
+        spec = getattr(module, "__spec__", None)
+        if spec is not None:
+            # the module has run: other threads (a probe importing a vendor plugin, which
+            # imports torch) may use it now instead of waiting for this import to return
+            spec._initializing = False
         self._watcher.finished()
 
 
