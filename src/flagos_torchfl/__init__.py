@@ -38,12 +38,20 @@ __all__ = [
 ]
 
 
+def _misspelt_setting(package, name, value) -> bool:
+    """True for a new public, non-module name close to an assignable setting's name."""
+    from .errors import closest
+
+    fresh = not name.startswith("_") and name not in package.__dict__
+    return fresh and not isinstance(value, types.ModuleType) and bool(closest(name, _ASSIGNABLE))
+
+
 class _Package(types.ModuleType):
     """Makes ``ft.memory_pool_clear_interval = 50`` (and the other settings) validated assignments."""
 
     def __setattr__(self, name, value):
-        if name in _ASSIGNABLE:
-            set_setting(name, value)
+        if name in _ASSIGNABLE or _misspelt_setting(self, name, value):
+            set_setting(name, value)  # a misspelt setting raises, naming the closest one
         else:
             super().__setattr__(name, value)
 

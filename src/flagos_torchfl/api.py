@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import os
 import threading
 from typing import Any, Callable, List, Optional, Sequence, Tuple, Union
 
 from . import config
-from .errors import AlreadyInitializedError, ConfigError, suggestion
+from .errors import ActivationError, AlreadyInitializedError, ConfigError, suggestion
 from .log import get_logger
 from .selection import Selection, build_selection
 
@@ -42,37 +43,36 @@ def init_backend(
     gpu_ids: Optional[Sequence[int]] = None,
     memory_virtual_limit: Any = None,
     memory_pool_clear_interval: Optional[int] = None,
-    enable_mixed_precision: bool = False,
+    enable_mixed_precision: Optional[bool] = None,
 ) -> Selection:
     """Select a backend explicitly (``FL_BACKEND`` and ``run --backend`` still take precedence)
     and activate it. Calling it again with the same settings returns the active selection;
     with different ones it raises: call :func:`deactivate` first. Bad input raises before
-    anything changes."""
-    code = {
-        **_assigned,
-        "gpu_ids": gpu_ids,
-        "memory_virtual_limit": memory_virtual_limit if memory_virtual_limit is not None
-        else _assigned.get("memory_virtual_limit"),
-        "memory_pool_clear_interval": memory_pool_clear_interval
-        if memory_pool_clear_interval is not None else _assigned.get("memory_pool_clear_interval"),
-        "enable_mixed_precision": enable_mixed_precision or _assigned.get("enable_mixed_precision", False),
+    anything changes. Settings left as None take earlier assignments (``ft.<setting> = ...``)."""
+    given = {
+        "gpu_ids": gpu_ids, "memory_virtual_limit": memory_virtual_limit,
+        "memory_pool_clear_interval": memory_pool_clear_interval,
+        "enable_mixed_precision": enable_mixed_precision,
     }
+    code = {**_assigned, **{k: v for k, v in given.items() if v is not None}}
     global _from_launcher
     with _lock:
         selection = build_selection(backend, code)
         if _current is not None and _from_launcher:
             # the program's own init_backend call refines what the launcher activated
             _from_launcher = False
-            if _current.same_request(selection):
-                return _current
-            log.info("init_backend in code re-activates %s with its own settings", selection.backend)
-            deactivate()
+            if not _current.same_request(selection):
+                log.info("init_backend in code re-activates %s with its own settings", selection.backend)
+                _replace_active(selection, keep_launcher_mark=True)
+            return _current
         if _current is not None:
             if _current.same_request(selection):
                 return _current
+            change = (f"switch to {selection.backend!r}" if selection.backend != _current.backend
+                      else "change them")
             raise AlreadyInitializedError(
                 f"backend {_current.backend!r} is already active with devices {list(_current.devices)} "
-                f"and other settings; call ft.deactivate() first to switch to {selection.backend!r}"
+                f"and other settings; call ft.deactivate() first to {change}"
             )
         _activate(selection)
         return selection
@@ -100,20 +100,28 @@ def current_backend() -> Optional[Selection]:
 
 
 def deactivate() -> None:
-    """Undo every activation step in reverse order; afterwards no backend is active."""
+    """Undo every activation step in reverse order; afterwards no backend is active. Raises
+    ActivationError (after undoing all it can) if a step could not be undone."""
     global _current, _from_launcher
     with _lock:
         _from_launcher = False
-        errors = []
-        while _undo:
-            name, undo = _undo.pop()
-            try:
-                undo()
-            except Exception as exc:  # keep undoing the rest
-                errors.append(f"{name}: {exc}")
+        errors = _undo_all(_undo)
+        _undo.clear()
         _current = None
         if errors:
-            raise RuntimeError("deactivation left work undone: " + "; ".join(errors))
+            raise ActivationError("deactivation left work undone: " + "; ".join(errors))
+
+
+def _undo_all(steps: List[Tuple[str, Callable[[], None]]]) -> List[str]:
+    """Run the undos of ``steps`` newest first, each even if an earlier one raised."""
+    errors = []
+    for name, undo in reversed(steps):
+        try:
+            undo()
+        except Exception as exc:
+            log.error("undoing activation step %s failed: %s", name, exc)
+            errors.append(f"{name}: {exc}")
+    return errors
 
 
 def _activate(selection: Selection) -> None:
@@ -125,12 +133,26 @@ def _activate(selection: Selection) -> None:
             if undo is not None:
                 done.append((name, undo))
     except BaseException:
-        for _name, undo in reversed(done):
-            undo()
+        _undo_all(done)
         raise
     _undo.extend(done)
     _current = selection
     log.info("backend %s active (%s): devices %s", selection.backend, selection.reason, list(selection.devices))
+
+
+def _replace_active(selection: Selection, keep_launcher_mark: bool = False) -> None:
+    """Re-activate with ``selection`` in place of the active one; if that fails, the previous
+    selection is activated again and the error raised: the process never runs unactivated."""
+    global _from_launcher
+    previous, was_launcher = _current, _from_launcher
+    deactivate()
+    try:
+        _activate(selection)
+    except BaseException:
+        _activate(previous)
+        _from_launcher = was_launcher or keep_launcher_mark
+        raise
+    _from_launcher = was_launcher
 
 
 def get_setting(name: str) -> Any:
@@ -141,13 +163,18 @@ def get_setting(name: str) -> Any:
 
 
 def set_setting(name: str, value: Any) -> None:
-    """Validate and apply ``ft.<name> = value``; invalid values raise and change nothing."""
-    global _current
+    """Validate and apply ``ft.<name> = value``. Invalid values raise and change nothing. While a
+    backend is active it is re-activated with the new value (restored if that fails); an
+    ``FL_*`` variable that sets the same setting still wins, as over any setting in code."""
     if name not in ASSIGNABLE:
         raise ConfigError(f"{name!r} cannot be assigned.{suggestion(name, ASSIGNABLE)} Assignable: {', '.join(ASSIGNABLE)}")
-    parsed = config.settings_from({name: value})
+    new = getattr(config.settings_from({name: value}), name)
+    variable = config.ENV_VARS[name]
     with _lock:
-        _assigned[name] = getattr(parsed, name)
-        if _current is not None:
-            settings = dataclasses.replace(_current.settings, **{name: getattr(parsed, name)})
-            _current = dataclasses.replace(_current, settings=settings)
+        _assigned[name] = new
+        if os.environ.get(variable, "").strip():
+            log.info("%s=%s overrides ft.%s = %r", variable, os.environ[variable], name, value)
+            return
+        if _current is not None and getattr(_current.settings, name) != new:
+            settings = dataclasses.replace(_current.settings, **{name: new})
+            _replace_active(dataclasses.replace(_current, settings=settings))

@@ -184,3 +184,69 @@ def test_command_line_examples():
     proc = run_python(["-c", "import flagos_torchfl as ft; print(ft.auto_select_backend().backend)"],
                       env={"FL_BACKEND": "ascend,cpu"})
     assert proc.stdout.strip() == "cpu", proc.stderr
+
+
+def test_environment_wins_over_an_assignment_while_active(monkeypatch):
+    monkeypatch.setenv("FL_MEMORY_POOL_CLEAR_INTERVAL", "10")
+    active = ft.init_backend("cpu")
+    ft.memory_pool_clear_interval = 50
+    assert ft.current_backend() is active and ft.memory_pool_clear_interval == 10
+    assert ft.init_backend("cpu") is active  # still the same request: a no-op
+
+
+def test_assignment_while_active_reactivates_with_the_new_value(capfd):
+    first = ft.init_backend("cpu")
+    ft.memory_pool_clear_interval = 12
+    now = ft.current_backend()
+    assert now is not first and now.settings.memory_pool_clear_interval == 12
+    assert now.backend == first.backend and now.devices == first.devices
+    assert "accepted but not applied on backend cpu in this version: memory_pool_clear_interval=12" \
+        in capfd.readouterr().err
+
+
+def fail_on_13(selection):
+    """An activation step that cannot serve one setting value (injected by the test below)."""
+    if selection.settings.memory_pool_clear_interval == 13:
+        raise RuntimeError("step refuses interval 13")
+    return None
+
+
+def test_failed_reactivation_restores_the_previous_selection(monkeypatch):
+    from flagos_torchfl import api
+
+    monkeypatch.setattr(api, "ACTIVATION_STEPS",
+                        api.ACTIVATION_STEPS + (("test", "tests.foundation.test_selection:fail_on_13"),))
+    first = ft.init_backend("cpu", memory_pool_clear_interval=4)
+    with pytest.raises(RuntimeError, match="refuses interval 13"):
+        ft.memory_pool_clear_interval = 13
+    assert ft.current_backend() is first
+    import torch
+
+    assert torch.cuda.is_available()  # still redirected
+    assert torch.zeros(1, device="cuda").device.type == "cpu"
+
+
+def test_failing_undo_is_reported_after_undoing_the_rest(monkeypatch):
+    from flagos_torchfl import api
+
+    ft.init_backend("cpu")
+    undone = []
+    api._undo.insert(0, ("first", lambda: undone.append("first")))
+    api._undo.append(("broken", lambda: (_ for _ in ()).throw(OSError("stuck"))))
+    with pytest.raises(ft.ActivationError, match="broken: stuck"):
+        ft.deactivate()
+    assert undone == ["first"] and ft.current_backend() is None
+    import torch
+
+    assert not torch.cuda.is_available()  # the redirect's own undo ran too
+
+
+def test_mixed_precision_can_be_turned_off_again_in_code():
+    ft.enable_mixed_precision = True
+    assert ft.init_backend("cpu", enable_mixed_precision=False).settings.enable_mixed_precision is False
+
+
+def test_misspelt_setting_assignment_is_an_error():
+    with pytest.raises(ConfigError, match="Did you mean 'memory_virtual_limit'"):
+        ft.memory_virtual_limt = "1GiB"
+    assert not hasattr(ft, "memory_virtual_limt")

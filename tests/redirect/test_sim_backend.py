@@ -75,3 +75,15 @@ def test_moving_a_module_keeps_tied_weights_tied(sim_backend):
     assert model["head"].weight is model["embedding"].weight
     ft.deactivate()
     assert "_apply" not in vars(torch.nn.Module) or torch.nn.Module._apply.__module__ == "torch.nn.modules.module"
+
+
+def test_memory_limit_assigned_while_active_is_enforced(sim_backend):
+    block = torch.empty(4 << 20, dtype=torch.uint8, device="cuda")  # no limit yet
+    del block
+    torch.cuda.empty_cache()  # a cached 4 MiB block would serve the next request
+    ft.memory_virtual_limit = "2MiB"
+    assert ft.current_backend().memory_limit_bytes() == 2 << 20
+    with pytest.raises(torch.OutOfMemoryError, match="2"):
+        torch.empty(4 << 20, dtype=torch.uint8, device="cuda")
+    ft.memory_virtual_limit = None
+    assert torch.empty(4 << 20, dtype=torch.uint8, device="cuda").numel() == 4 << 20

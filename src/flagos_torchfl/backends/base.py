@@ -80,6 +80,8 @@ class Backend:
     #: (semantic names, categories or ATen names; "*": every native operator), e.g.
     #: ``{"float64": ("matmul", "aten::cumsum")}``. Routing gives them a route for those dtypes.
     dtype_gaps: Mapping[str, Tuple[str, ...]] = MappingProxyType({})
+    #: whether activation enforces ``memory_virtual_limit`` on this backend
+    enforces_memory_limit: bool = False
 
     # ----------------------------------------------------------------- probing
     def probe(self, timeout: Optional[float] = None, count_ops: bool = True) -> ProbeResult:

@@ -26,6 +26,7 @@ class SimBackend(Backend):
     priority = -1
     auto_selectable = False
     devices_env = "FL_SIM_DEVICES"
+    enforces_memory_limit = True
 
     def probe(self, timeout=None, count_ops=True) -> ProbeResult:
         result = ProbeResult(backend=self.name, status="on-request")

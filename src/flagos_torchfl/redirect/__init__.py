@@ -105,8 +105,10 @@ def _undo(patcher: Patcher) -> None:
     global _active
     with _lock:
         if _active is not None and _active[1] is patcher:
-            patcher.undo()
-            _active = None
+            try:
+                patcher.undo()
+            finally:
+                _active = None
             log.info("redirect undone")
 
 

@@ -47,7 +47,6 @@ from .patches import Patcher, patch_function
 DENIED_PRIVATE = frozenset({"_record_memory_history", "_dump_snapshot", "_snapshot", "_sleep"})
 #: hints added to the error of some unserved names
 HINTS = {
-    "set_per_process_memory_fraction": "use ft.init_backend(memory_virtual_limit=...) instead",
     "graph": "CUDA graphs are a CUDA-only feature",
     "CUDAGraph": "CUDA graphs are a CUDA-only feature",
     "make_graphed_callables": "CUDA graphs are a CUDA-only feature",

@@ -87,22 +87,34 @@ class Patcher:
         return original
 
     def undo(self) -> None:
-        """Restore every recorded change, newest first."""
+        """Restore every recorded change, newest first; a change that cannot be restored does
+        not stop the others (RuntimeError listing those that failed, at the end)."""
+        failed = []
         while self._log:
-            kind, owner, key, old = self._log.pop()
-            if kind == "attr":
-                if old is _MISSING:
-                    if key in vars(owner):
-                        delattr(owner, key)
-                else:
-                    setattr(owner, key, old)
-            elif kind == "item":
-                if old is _MISSING:
-                    owner.pop(key, None)
-                else:
-                    owner[key] = old
-            else:
-                owner.__class__ = old
+            entry = self._log.pop()
+            try:
+                _restore(*entry)
+            except Exception as exc:
+                failed.append(f"{entry[0]} {entry[2] or type(entry[1]).__name__}: {exc}")
+        if failed:
+            raise RuntimeError("could not restore: " + "; ".join(failed))
 
     def __len__(self) -> int:
         return len(self._log)
+
+
+def _restore(kind: str, owner: Any, key: Any, old: Any) -> None:
+    """Put back one change recorded by :class:`Patcher`."""
+    if kind == "attr":
+        if old is _MISSING:
+            if key in vars(owner):
+                delattr(owner, key)
+        else:
+            setattr(owner, key, old)
+    elif kind == "item":
+        if old is _MISSING:
+            owner.pop(key, None)
+        else:
+            owner[key] = old
+    else:
+        owner.__class__ = old

@@ -70,8 +70,10 @@ def activate(selection) -> Optional[Callable[[], None]]:
     def deactivate() -> None:
         global _active
         with _lock:
-            _active = None
-        undo()
+            try:
+                undo()
+            finally:
+                _active = None
 
     with _lock:
         _active = router
