@@ -6,14 +6,12 @@ and ``DistributedDataParallel(device_ids=[N], output_device=N)`` addresses the b
 """
 from __future__ import annotations
 
-import functools
-import inspect
 from typing import Any, Optional
 
 import torch
 
 from .devices import Target
-from .patches import Patcher, patch_function
+from .patches import Patcher, patch_function, with_edited_arguments
 
 
 def translate_backend(target: Target, backend: Any) -> Any:
@@ -49,19 +47,13 @@ def _device_id(target: Target, value: Any) -> Optional[torch.device]:
 
 
 def _rebinding(target: Target, original, names) -> Any:
-    signature = inspect.signature(original)
-
-    @functools.wraps(original)
-    def call(*args, **kwargs):
-        bound = signature.bind(*args, **kwargs)
-        values = bound.arguments
+    def edit(values: dict) -> None:
         if values.get("backend") is not None:
             values["backend"] = translate_backend(target, values["backend"])
         if "device_id" in names and values.get("device_id") is not None:
             values["device_id"] = _device_id(target, values["device_id"])
-        return original(*bound.args, **bound.kwargs)
 
-    return call
+    return with_edited_arguments(original, edit)
 
 
 @patch_function("process_group")
@@ -93,21 +85,14 @@ def patch_ddp(target: Target, patcher: Patcher) -> None:
         return
     from torch.nn.parallel import DistributedDataParallel
 
-    original = DistributedDataParallel.__init__
-    signature = inspect.signature(original)
-
-    @functools.wraps(original)
-    def __init__(self, *args, **kwargs):
-        bound = signature.bind(self, *args, **kwargs)
-        values = bound.arguments
+    def edit(values: dict) -> None:
         if target.is_cpu:
             values.pop("device_ids", None)
             values.pop("output_device", None)
-        else:
-            if values.get("device_ids") is not None:
-                values["device_ids"] = [_device_index(target, d) for d in values["device_ids"]]
-            if values.get("output_device") is not None:
-                values["output_device"] = _device_index(target, values["output_device"])
-        original(*bound.args, **bound.kwargs)
+            return
+        if values.get("device_ids") is not None:
+            values["device_ids"] = [_device_index(target, d) for d in values["device_ids"]]
+        if values.get("output_device") is not None:
+            values["output_device"] = _device_index(target, values["output_device"])
 
-    patcher.setattr(DistributedDataParallel, "__init__", __init__)
+    patcher.wrap_arguments(DistributedDataParallel, "__init__", edit)

@@ -11,6 +11,8 @@ imports them.
 from __future__ import annotations
 
 import dataclasses
+import functools
+import inspect
 import types
 from typing import Any, Callable, List, Tuple
 
@@ -86,6 +88,10 @@ class Patcher:
         self.setattr(owner, name, make(original))
         return original
 
+    def wrap_arguments(self, owner: Any, name: str, edit: Callable[[dict], None]) -> Callable:
+        """Replace ``owner.name`` by :func:`with_edited_arguments` of it; returns the original."""
+        return self.wrap(owner, name, lambda original: with_edited_arguments(original, edit))
+
     def undo(self) -> None:
         """Restore every recorded change, newest first; a change that cannot be restored does
         not stop the others (RuntimeError listing those that failed, at the end)."""
@@ -101,6 +107,21 @@ class Patcher:
 
     def __len__(self) -> int:
         return len(self._log)
+
+
+def with_edited_arguments(original: Callable, edit: Callable[[dict], None]) -> Callable:
+    """A wrapper of ``original`` that binds each call's arguments to its signature, lets
+    ``edit`` change that name -> value dict in place (a removed name takes its default), then
+    calls ``original`` with them."""
+    signature = inspect.signature(original)
+
+    @functools.wraps(original)
+    def wrapper(*args, **kwargs):
+        bound = signature.bind(*args, **kwargs)
+        edit(bound.arguments)
+        return original(*bound.args, **bound.kwargs)
+
+    return wrapper
 
 
 def _restore(kind: str, owner: Any, key: Any, old: Any) -> None:

@@ -6,7 +6,6 @@ pinned host memory (``Tensor.pin_memory``, ``DataLoader(pin_memory=True)``).
 from __future__ import annotations
 
 import functools
-import inspect
 import threading
 
 import torch
@@ -130,21 +129,14 @@ def patch_pin_memory(target: Target, patcher: Patcher) -> None:
     """
     from torch.utils.data import DataLoader
 
-    original_init = DataLoader.__init__
-    signature = inspect.signature(original_init)
-
-    @functools.wraps(original_init)
-    def __init__(self, *args, **kwargs):
-        bound = signature.bind(self, *args, **kwargs)
-        values = bound.arguments
+    def edit(values: dict) -> None:
         if target.is_cpu:
             values.pop("pin_memory", None)
             values.pop("pin_memory_device", None)
         elif target.translate_named(values.get("pin_memory_device", "")) != values.get("pin_memory_device", ""):
             values.pop("pin_memory_device")
-        original_init(*bound.args, **bound.kwargs)
 
-    patcher.setattr(DataLoader, "__init__", __init__)
+    patcher.wrap_arguments(DataLoader, "__init__", edit)
     if target.is_cpu:
         original_pin = torch.Tensor.pin_memory
 
