@@ -3,12 +3,10 @@ ordered list of steps (each returns its own undo), and ``deactivate`` undoes the
 from __future__ import annotations
 
 import dataclasses
-import importlib
-import os
 import threading
 from typing import Any, Callable, List, Optional, Sequence, Tuple, Union
 
-from . import config
+from . import config, variables
 from .errors import ActivationError, AlreadyInitializedError, ConfigError, suggestion
 from .log import get_logger
 from .selection import Selection, build_selection
@@ -24,18 +22,31 @@ _undo: List[Tuple[str, Callable[[], None]]] = []
 ASSIGNABLE = ("memory_virtual_limit", "memory_pool_clear_interval", "enable_mixed_precision")
 _assigned: dict = {}
 
-#: (name, "module:function") in activation order. Each function takes the Selection and returns
-#: an undo callable (or None); modules are imported only when a backend is activated.
-ACTIVATION_STEPS: Tuple[Tuple[str, str], ...] = (
-    ("backend", "flagos_torchfl.backends.activation:activate"),
-    ("routing", "flagos_torchfl.routing:activate"),
-    ("redirect", "flagos_torchfl.redirect:activate"),
+
+
+def _activate_chip(selection: Selection) -> Optional[Callable[[], None]]:
+    return selection.chip.activate(selection)
+
+
+def _activate_routing(selection: Selection) -> Optional[Callable[[], None]]:
+    from . import routing
+
+    return routing.activate(selection)
+
+
+def _activate_redirect(selection: Selection) -> Optional[Callable[[], None]]:
+    from . import redirect
+
+    return redirect.activate(selection)
+
+
+#: (name, step) in activation order. Each step takes the Selection and returns an undo callable
+#: (or None); the routing and redirect layers are imported only when a backend is activated.
+ACTIVATION_STEPS: Tuple[Tuple[str, Callable[[Selection], Optional[Callable[[], None]]]], ...] = (
+    ("backend", _activate_chip),
+    ("routing", _activate_routing),
+    ("redirect", _activate_redirect),
 )
-
-
-def _resolve(target: str) -> Callable[[Selection], Optional[Callable[[], None]]]:
-    module, _, function = target.partition(":")
-    return getattr(importlib.import_module(module), function)
 
 
 def init_backend(
@@ -128,8 +139,8 @@ def _activate(selection: Selection) -> None:
     global _current
     done: List[Tuple[str, Callable[[], None]]] = []
     try:
-        for name, target in ACTIVATION_STEPS:
-            undo = _resolve(target)(selection)
+        for name, step in ACTIVATION_STEPS:
+            undo = step(selection)
             if undo is not None:
                 done.append((name, undo))
     except BaseException:
@@ -169,11 +180,11 @@ def set_setting(name: str, value: Any) -> None:
     if name not in ASSIGNABLE:
         raise ConfigError(f"{name!r} cannot be assigned.{suggestion(name, ASSIGNABLE)} Assignable: {', '.join(ASSIGNABLE)}")
     new = getattr(config.settings_from({name: value}), name)
-    variable = config.ENV_VARS[name]
+    variable = variables.SETTING_VARIABLES[name]
     with _lock:
         _assigned[name] = new
-        if os.environ.get(variable, "").strip():
-            log.info("%s=%s overrides ft.%s = %r", variable, os.environ[variable], name, value)
+        if variables.raw(variable) is not None:
+            log.info("%s=%s overrides ft.%s = %r", variable, variables.raw(variable), name, value)
             return
         if _current is not None and getattr(_current.settings, name) != new:
             settings = dataclasses.replace(_current.settings, **{name: new})

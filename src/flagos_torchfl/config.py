@@ -1,5 +1,5 @@
 """Validation of every user setting, whichever way it arrives: function argument, ``FL_*``
-environment variable, or a later assignment such as ``ft.memory_pool_clear_interval = 50``.
+environment variable (declared in :mod:`.variables`), or a later assignment such as ``ft.memory_pool_clear_interval = 50``.
 
 Each ``parse_*`` function takes the raw value (strings included, as from the environment) and
 returns the canonical value or raises :class:`ConfigError` naming the setting, the bad value and
@@ -8,7 +8,6 @@ the accepted forms. Nothing here has side effects.
 from __future__ import annotations
 
 import dataclasses
-import os
 import re
 from typing import Any, Mapping, Optional, Tuple
 
@@ -25,13 +24,8 @@ _MEMORY_FORMS = (
     "or a string such as '40GiB', '512MB', '0.5' or '50%'"
 )
 
-#: environment variables that carry settings, by setting name
-ENV_VARS = {
-    "gpu_ids": "FL_GPU_IDS",
-    "memory_virtual_limit": "FL_MEMORY_VIRTUAL_LIMIT",
-    "memory_pool_clear_interval": "FL_MEMORY_POOL_CLEAR_INTERVAL",
-    "enable_mixed_precision": "FL_MIXED_PRECISION",
-}
+#: the settings of a backend selection, in ``init_backend``'s order
+SETTINGS = ("gpu_ids", "memory_virtual_limit", "memory_pool_clear_interval", "enable_mixed_precision")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -183,13 +177,13 @@ def parse_gpu_ids(value: Any, device_count: Optional[int] = None) -> Optional[Tu
 
 def settings_from(values: Mapping[str, Any]) -> Settings:
     """Validate a mapping of setting name -> raw value into :class:`Settings` (gpu_ids unranged)."""
-    unknown = set(values) - set(ENV_VARS)
+    unknown = set(values) - set(SETTINGS)
     if unknown:
         from .errors import suggestion
 
         name = sorted(unknown)[0]
         raise ConfigError(
-            f"unknown setting {name!r}.{suggestion(name, ENV_VARS)} Valid: {', '.join(ENV_VARS)}"
+            f"unknown setting {name!r}.{suggestion(name, SETTINGS)} Valid: {', '.join(SETTINGS)}"
         )
     return Settings(
         gpu_ids=parse_gpu_ids(values.get("gpu_ids")),
@@ -199,8 +193,3 @@ def settings_from(values: Mapping[str, Any]) -> Settings:
             "enable_mixed_precision", values.get("enable_mixed_precision", False)
         ),
     )
-
-
-def env_settings(environ: Mapping[str, str] = os.environ) -> dict:
-    """The settings given through ``FL_*`` environment variables, as raw values (unvalidated)."""
-    return {name: environ[var] for name, var in ENV_VARS.items() if environ.get(var, "").strip()}

@@ -6,7 +6,7 @@ import os
 import sys
 
 LOGGER_NAME = "flagos_torchfl"
-_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 
 class _StderrHandler(logging.StreamHandler):
@@ -21,14 +21,31 @@ class _StderrHandler(logging.StreamHandler):
         pass
 
 
+def parse_level(text: str, what: str = "FL_LOG_LEVEL") -> str:
+    """A level name (any case) or number, as an upper-case string; ConfigError otherwise."""
+    from .errors import ConfigError, suggestion
+
+    level = str(text).strip().upper()
+    if level in LEVELS or (level.isascii() and level.isdigit()):
+        return level
+    raise ConfigError(f"invalid {what} {text!r}.{suggestion(level, LEVELS)} "
+                      f"Valid levels: {', '.join(LEVELS)} or a number")
+
+
 def level_from_env(environ=os.environ) -> int:
-    """The level named by ``FL_LOG_LEVEL`` (a name or a number); WARNING when unset or invalid."""
-    raw = environ.get("FL_LOG_LEVEL", "").strip().upper()
-    if not raw:
+    """The level named by ``FL_LOG_LEVEL`` (a name or a number); WARNING when unset, and when
+    invalid (after saying so once on stderr: the logger must exist before anything can raise)."""
+    from .errors import ConfigError
+    from .variables import read
+
+    try:
+        level = read("FL_LOG_LEVEL", environ)
+    except ConfigError as exc:
+        print(f"[flagos_torchfl] WARNING {exc}; using WARNING", file=sys.stderr)
         return logging.WARNING
-    if raw.isdigit():
-        return int(raw)
-    return getattr(logging, raw) if raw in _LEVELS else logging.WARNING
+    if level is None:
+        return logging.WARNING
+    return int(level) if level.isdigit() else getattr(logging, level)
 
 
 def get_logger(name: str | None = None) -> logging.Logger:

@@ -9,38 +9,59 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
-from . import config
-from .backends import ProbeResult, registry
+from . import config, variables
+from .backends import Backend, ProbeResult, registry
 from .errors import BackendUnavailableError, ConfigError, UnknownBackendError
 from .log import get_logger
+from .routing.config import RoutingConfig, routing_config
 
 log = get_logger("selection")
-#: set by ``python -m flagos_torchfl run --backend``: says FL_BACKEND came from the launcher
-LAUNCHER_MARK = "FL_BACKEND_FROM_LAUNCHER"
 
 Probe = Callable[[str], ProbeResult]
 
 
 @dataclasses.dataclass(frozen=True)
 class Selection:
-    """The active backend choice. Logical device ``i`` (``cuda:i`` in user code) is ``devices[i]``."""
+    """The active backend choice: everything activation needs, read and validated once.
+    Logical device ``i`` (``cuda:i`` in user code) is ``devices[i]`` of ``chip``."""
 
     backend: str
-    device_type: str
-    dispatch_key: str
+    chip: Backend
     devices: Tuple[int, ...]
     settings: config.Settings
     source: str  # "launcher", "FL_BACKEND", "argument" or "auto"
     reason: str
-    collective: str
-    low_precision_dtype: str
+    #: chip-specific inputs (``Backend.options``), e.g. sim's native operator set
+    options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    #: routing inputs: the operator overrides and how routes are registered
+    routing: Optional[RoutingConfig] = None
     probe: Optional[ProbeResult] = dataclasses.field(default=None, compare=False, repr=False)
 
+    @property
+    def device_type(self) -> str:
+        return self.chip.device_type
+
+    @property
+    def dispatch_key(self) -> str:
+        return self.chip.dispatch_key
+
+    @property
+    def collective(self) -> str:
+        return self.chip.collective
+
+    @property
+    def low_precision_dtype(self) -> str:
+        return self.chip.low_precision_dtype
+
     def same_request(self, other: "Selection") -> bool:
-        """True when ``other`` asks for exactly this backend, these devices and these settings."""
-        return (self.backend, self.devices, self.settings) == (other.backend, other.devices, other.settings)
+        """True when ``other`` asks for exactly this backend, these devices, these settings and
+        these chip and routing inputs."""
+        def key(s: "Selection"):
+            return (s.backend, s.devices, s.settings, dict(s.options), s.routing)
+
+        return key(self) == key(other)
 
     def device_memory(self, logical: int) -> Optional[int]:
         """Total memory of logical device ``logical`` as the probe saw it (None if unknown)."""
@@ -95,9 +116,9 @@ def choose(
     probe: Probe = default_probe,
 ) -> Tuple[str, str, str, ProbeResult]:
     """(backend name, source, why, probe result) for a request; raises when it cannot be met."""
-    env_value = environ.get("FL_BACKEND", "").strip()
+    env_value = variables.read("FL_BACKEND", environ)
     if env_value:
-        source = "launcher" if environ.get(LAUNCHER_MARK) == "1" else "FL_BACKEND"
+        source = "launcher" if variables.read("FL_BACKEND_FROM_LAUNCHER", environ) else "FL_BACKEND"
         label = "run --backend" if source == "launcher" else "FL_BACKEND"
         candidates = parse_backend_list(env_value, label)
         if requested is not None:
@@ -145,11 +166,12 @@ def _auto(probe: Probe):
 
 def merge_settings(code: Mapping[str, object], environ: Mapping[str, str] = os.environ) -> config.Settings:
     """Code settings overlaid by ``FL_*`` environment settings (the environment wins, logged)."""
-    from_env = config.env_settings(environ)
+    from_env = variables.settings_from_env(environ)
     for name in from_env:
         given = code.get(name)
         if given is not None and given is not False:
-            log.info("%s=%s overrides %s=%r in code", config.ENV_VARS[name], from_env[name], name, given)
+            log.info("%s=%s overrides %s=%r in code", variables.SETTING_VARIABLES[name],
+                     variables.raw(variables.SETTING_VARIABLES[name], environ), name, given)
     merged = {**{k: v for k, v in code.items() if v is not None}, **from_env}
     return config.settings_from(merged)
 
@@ -160,17 +182,17 @@ def build_selection(
     environ: Mapping[str, str] = os.environ,
     probe: Probe = default_probe,
 ) -> Selection:
-    """Validate everything and decide; raises before anything is chosen if any input is bad."""
+    """Validate every input (settings, routing and the chosen chip's own) and decide; raises
+    before anything is activated if any input is bad."""
     merged = merge_settings(settings or {}, environ)
+    routing = routing_config(environ)
     name, source, why, result = choose(backend, environ, probe)
-    chosen = registry().get(name)
+    chip = registry().get(name)
     count = result.device_count
     devices = config.parse_gpu_ids(merged.gpu_ids, count) if merged.gpu_ids else tuple(range(count))
     return Selection(
-        backend=name, device_type=chosen.device_type, dispatch_key=chosen.dispatch_key,
-        devices=devices, settings=dataclasses.replace(merged, gpu_ids=devices), source=source,
-        reason=why, collective=chosen.collective, low_precision_dtype=chosen.low_precision_dtype,
-        probe=result,
+        backend=name, chip=chip, devices=devices, settings=dataclasses.replace(merged, gpu_ids=devices),
+        source=source, reason=why, options=chip.options(environ), routing=routing, probe=result,
     )
 
 

@@ -24,17 +24,13 @@ import sys
 from pathlib import Path
 from typing import MutableMapping, Optional, Sequence
 
+from . import variables
 from .log import get_logger
-from .selection import LAUNCHER_MARK
 
 log = get_logger("launcher")
 
 #: folder holding the ``sitecustomize.py`` that activates child interpreters
 BOOTSTRAP_DIR = str(Path(__file__).resolve().parent / "bootstrap")
-#: "1": the bootstrap activates this process when it imports torch
-ACTIVATE_ENV = "FL_ACTIVATE"
-#: "1": every activated process prints the routing report when it exits
-REPORT_ENV = "FL_RUN_REPORT"
 REPORT_MODULE = "flagos_torchfl.routing.report"
 
 
@@ -48,14 +44,14 @@ def prepare_environment(
     Python child it starts activate: ``backends`` are canonical names, already validated."""
     paths = [p for p in environ.get("PYTHONPATH", "").split(os.pathsep) if p and p != BOOTSTRAP_DIR]
     environ["PYTHONPATH"] = os.pathsep.join([BOOTSTRAP_DIR, *paths])
-    environ[ACTIVATE_ENV] = "1"
+    variables.assign(environ, "FL_ACTIVATE", "1")
     if backends:
-        environ["FL_BACKEND"] = ",".join(backends)
-        environ[LAUNCHER_MARK] = "1"
+        variables.assign(environ, "FL_BACKEND", ",".join(backends))
+        variables.assign(environ, "FL_BACKEND_FROM_LAUNCHER", "1")
     if log_level:
-        environ["FL_LOG_LEVEL"] = log_level
+        variables.assign(environ, "FL_LOG_LEVEL", log_level)
     if report:
-        environ[REPORT_ENV] = "1"
+        variables.assign(environ, "FL_RUN_REPORT", "1")
     return environ
 
 
@@ -66,7 +62,7 @@ def activate():
     from .api import activate_for_launcher
 
     selection = activate_for_launcher()
-    if os.environ.get(REPORT_ENV) == "1":
+    if variables.read("FL_RUN_REPORT"):
         atexit.register(print_report)
     log.debug("process %d activated: %s (%s)", os.getpid(), selection.backend, selection.reason)
     return selection
@@ -74,7 +70,7 @@ def activate():
 
 def failure_message(exc: BaseException) -> str:
     """The one line a process prints when it cannot activate."""
-    backend = os.environ.get("FL_BACKEND", "").strip() or "auto"
+    backend = variables.raw("FL_BACKEND") or "auto"
     detail = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
     return f"flagos_torchfl: cannot activate backend {backend}: {detail}"
 

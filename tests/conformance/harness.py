@@ -244,11 +244,10 @@ def start_sim(native: str):
     elif native != "core":
         raise ValueError(f"native set {native!r}: use 'core' or 'small'")
     from flagos_torchfl import routing
-    from flagos_torchfl.backends.activation import activate as activate_backend
     from flagos_torchfl.selection import build_selection
 
     selection = build_selection("sim", {})
-    activate_backend(selection)
+    selection.chip.activate(selection)
     routing.activate(selection)
     return routing.active_router()
 

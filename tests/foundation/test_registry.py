@@ -1,14 +1,11 @@
 """The registry holds one backend per chip family; third parties join through entry points."""
 import json
-import shutil
-import subprocess
-import sys
 
 import pytest
 
 from flagos_torchfl.backends import Backend, Registry, registry
 from flagos_torchfl.errors import ConfigError, UnknownBackendError
-from tests.helpers import ROOT, prepend_path, run_python
+from tests.helpers import install_fixture, prepend_path, run_python
 
 EXPECTED = {
     # name: (device type, dispatch key, collective)
@@ -81,19 +78,7 @@ def test_broken_entry_point_becomes_a_reason(tmp_path):
 
 @pytest.fixture(scope="module")
 def installed_fake_chip(tmp_path_factory):
-    """The fixture distribution tests/fixtures/fake_chip, pip-installed into a target folder."""
-    target = tmp_path_factory.mktemp("site")
-    source = tmp_path_factory.mktemp("src") / "fake_chip"
-    shutil.copytree(ROOT / "tests" / "fixtures" / "fake_chip", source)
-    proc = subprocess.run(
-        [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
-         "--no-index", "--target", str(target), str(source)],
-        capture_output=True, text=True, timeout=300,
-    )
-    if proc.returncode != 0:
-        pytest.fail("pip could not build tests/fixtures/fake_chip (setuptools<70.1 needs `wheel`):\n"
-                    + proc.stderr[-2000:])
-    return target
+    return install_fixture("fake_chip", tmp_path_factory)
 
 
 def test_third_party_backend_appears_in_detect_and_is_selectable(installed_fake_chip):

@@ -76,7 +76,7 @@ def test_environment_beats_code_and_says_so(monkeypatch, capfd):
 
 def test_launcher_mark_sets_the_source(monkeypatch):
     monkeypatch.setenv("FL_BACKEND", "cpu")
-    monkeypatch.setenv(selection.LAUNCHER_MARK, "1")
+    monkeypatch.setenv("FL_BACKEND_FROM_LAUNCHER", "1")
     assert ft.init_backend("cuda").source == "launcher"
 
 
@@ -215,7 +215,7 @@ def test_failed_reactivation_restores_the_previous_selection(monkeypatch):
     from flagos_torchfl import api
 
     monkeypatch.setattr(api, "ACTIVATION_STEPS",
-                        api.ACTIVATION_STEPS + (("test", "tests.foundation.test_selection:fail_on_13"),))
+                        api.ACTIVATION_STEPS + (("test", fail_on_13),))
     first = ft.init_backend("cpu", memory_pool_clear_interval=4)
     with pytest.raises(RuntimeError, match="refuses interval 13"):
         ft.memory_pool_clear_interval = 13

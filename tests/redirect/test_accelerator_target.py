@@ -9,6 +9,7 @@ import torch
 from flagos_torchfl import redirect
 from flagos_torchfl.errors import UnsupportedFeatureError
 from flagos_torchfl.redirect import Target
+from tests.helpers import chip as make_chip
 
 
 class ChipModule:
@@ -32,7 +33,7 @@ class ChipModule:
 @pytest.fixture
 def chip():
     module = ChipModule()
-    undo = redirect.apply(Target("fakechip", "meta", (3, 1), module, "float16", "hccl"))
+    undo = redirect.apply(Target(make_chip("fakechip", "meta", "float16", "hccl"), (3, 1), module))
     yield module
     undo()
 

@@ -13,6 +13,8 @@ import flagos_torchfl as ft
 from flagos_torchfl import redirect
 from flagos_torchfl.errors import ActivationError
 from flagos_torchfl.redirect import Target, patches
+from flagos_torchfl.backends import get_backend
+from tests.helpers import chip
 
 
 def test_deactivate_restores_every_attribute(cpu_backend, torch_state):
@@ -45,7 +47,7 @@ def test_patch_list_is_ordered_and_named(cpu_backend):
     assert names[:3] == ["device_context", "generator", "factories"]
     assert names.index("torch_cuda") < names.index("autocast") < names.index("load_locations")
     assert redirect.active_patches() == names
-    assert all(p.summary for p in patches.REGISTRY)
+    assert all(p.apply.__doc__ for p in patches.REGISTRY)
 
 
 def test_activation_is_idempotent(cpu_backend):
@@ -83,7 +85,7 @@ def test_concurrent_activation_patches_once(monkeypatch, torch_state):
 
 
 def test_other_backend_while_active_is_refused(cpu_backend):
-    other = Target("fakechip", "meta", (0,), types.SimpleNamespace())
+    other = Target(chip("fakechip", "meta"), (0,), types.SimpleNamespace())
     with pytest.raises(ActivationError, match="already active for backend 'cpu'"):
         redirect.apply(other)
 
@@ -97,7 +99,7 @@ def test_failing_patch_leaves_nothing_half_patched(monkeypatch, torch_state):
         patcher.setattr(torch, "ones", lambda *a, **k: None)
         raise RuntimeError("injected fault")
 
-    fault = patches.Patch("injected", broken, False, "fails on purpose")
+    fault = patches.Patch("injected", broken, False)
     position = [p.name for p in patches.REGISTRY].index("autocast")
     monkeypatch.setattr(patches, "REGISTRY", patches.REGISTRY[:position] + [fault] + patches.REGISTRY[position:])
     monkeypatch.setattr(redirect, "REGISTRY", patches.REGISTRY)
@@ -134,9 +136,9 @@ def test_fake_vendor_shim_is_refused(monkeypatch, torch_state):
 
 
 def test_cuda_backend_patches_nothing_without_renumbering():
-    native = Target("cuda", "cuda", (0, 1), torch.cuda)
+    native = Target(get_backend("cuda"), (0, 1), torch.cuda)
     assert redirect.patches_for(native) == []
-    renumbered = Target("cuda", "cuda", (1, 0), torch.cuda)
+    renumbered = Target(get_backend("cuda"), (1, 0), torch.cuda)
     names = [p.name for p in redirect.patches_for(renumbered)]
     assert "torch_cuda" in names and "factories" in names
     assert not {"autocast", "grad_scaler", "pin_memory", "process_group"} & set(names)

@@ -2,12 +2,15 @@
 from __future__ import annotations
 
 import os
+import types
 import warnings
 
 import pytest
 import torch
 
 import flagos_torchfl as ft
+from flagos_torchfl.backends import get_backend
+from tests.helpers import chip
 
 
 def _matmul_dtype():
@@ -57,11 +60,11 @@ def test_translate_backend_strings():
     from flagos_torchfl.redirect.devices import Target
     from flagos_torchfl.redirect.distributed import translate_backend
 
-    t = Target("ascend-like", "meta", (0,), None, "float16", "hccl")
+    t = Target(chip("ascend-like", "meta", "float16", "hccl"), (0,), types.SimpleNamespace())
     assert translate_backend(t, "nccl") == "hccl" and translate_backend(t, "NCCL") == "hccl"
     assert translate_backend(t, "gloo") == "gloo" and translate_backend(t, None) is None
     assert translate_backend(t, "cuda:nccl,cpu:gloo") == "meta:hccl,cpu:gloo"
-    cpu = Target("cpu", "cpu", (0,), torch.cpu)
+    cpu = Target(get_backend("cpu"), (0,))
     assert translate_backend(cpu, "cuda:nccl,cpu:gloo") == "cpu:gloo"
 
 

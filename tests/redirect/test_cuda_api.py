@@ -8,7 +8,7 @@ import torch
 
 from flagos_torchfl.errors import UnsupportedFeatureError
 from flagos_torchfl.redirect import DeviceOrdinalError
-from flagos_torchfl.redirect.cuda_api import HostEvent, InlineStream
+from flagos_torchfl.backends.host import HostEvent, InlineStream
 
 
 def test_device_queries(cpu_backend):

@@ -7,11 +7,13 @@ import pytest
 import torch
 
 from flagos_torchfl.redirect import DeviceOrdinalError, Target
+from flagos_torchfl.backends import get_backend
+from tests.helpers import chip
 
 
 def remapping_target():
     # an accelerator-like target whose logical cuda:0, cuda:1 are physical 3 and 1
-    return Target("fakechip", "meta", (3, 1), types.SimpleNamespace(), "float16", "hccl")
+    return Target(chip("fakechip", "meta", "float16", "hccl"), (3, 1), types.SimpleNamespace())
 
 
 def test_exact_strings_are_translated_and_nothing_else():
@@ -43,7 +45,7 @@ def test_unindexed_cuda_means_the_current_device():
 
 
 def test_cpu_target_has_no_indices():
-    t = Target("cpu", "cpu", (0, 1), torch.cpu)
+    t = Target(get_backend("cpu"), (0, 1))
     assert t.translate("cuda:1") == torch.device("cpu")
     assert t.translate("cuda") == torch.device("cpu")
     assert not t.remaps and not t.native
@@ -60,9 +62,9 @@ def test_out_of_range_names_count_and_backend(bad):
 
 def test_bad_target_declarations():
     with pytest.raises(ValueError, match="no devices"):
-        Target("x", "cpu", (), torch.cpu)
+        Target(chip("x", "meta"), (), types.SimpleNamespace())
     with pytest.raises(ValueError, match="bfloat16"):
-        Target("x", "cpu", (0,), torch.cpu, "int8")
+        Target(chip("x", "meta", "int8"), (0,), types.SimpleNamespace())
 
 
 def test_current_device_is_per_thread():

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from flagos_torchfl.errors import ConfigError
-from flagos_torchfl.routing import coverage, names
+from flagos_torchfl.aten import dispatcher, names
 
 
 def test_every_entry_of_the_data_file_exists_in_this_torch():
@@ -70,12 +70,12 @@ def test_categories_of_an_operator():
 
 
 def test_cpu_runs_every_category_natively():
-    yes, no = names.category_coverage(coverage.native_set("CPU").__contains__)
+    yes, no = names.category_coverage(dispatcher.native_set("CPU").__contains__)
     assert no == [] and len(yes) == len(names.categories())
 
 
 def test_a_chip_without_convolution_kernels_lacks_the_category():
-    native = coverage.native_set("CPU") - names.resolve("conv2d")
+    native = dispatcher.native_set("CPU") - names.resolve("conv2d")
     yes, no = names.category_coverage(native.__contains__)
     assert "convolution" in no
 

@@ -7,7 +7,8 @@ import pytest
 
 import flagos_torchfl as ft
 from flagos_torchfl.errors import ConfigError
-from flagos_torchfl.routing import overrides, registration_mode
+from flagos_torchfl.routing import overrides
+from flagos_torchfl.routing.config import routing_config
 
 
 def test_spec_resolves_names_and_accepts_cpu():
@@ -76,7 +77,7 @@ def test_load_routing_config_without_a_backend(tmp_path):
 
 
 def test_registration_mode_values():
-    assert registration_mode({}) == "auto"
-    assert registration_mode({"FL_ROUTING_REGISTRATION": "per-op"}) == "per-op"
+    assert routing_config({}).registration == "auto"
+    assert routing_config({"FL_ROUTING_REGISTRATION": "per-op"}).registration == "per-op"
     with pytest.raises(ConfigError, match="FL_ROUTING_REGISTRATION='perop' is not valid. Did you mean 'per-op'"):
-        registration_mode({"FL_ROUTING_REGISTRATION": "perop"})
+        routing_config({"FL_ROUTING_REGISTRATION": "perop"})

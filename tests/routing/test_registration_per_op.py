@@ -18,14 +18,14 @@ def router():
 
 
 def test_no_backend_fallback_only_per_operator_kernels(router):
-    from flagos_torchfl.routing import coverage
+    from flagos_torchfl.aten import dispatcher
 
     assert not router.uses_fallback
     assert not torch._C._dispatch_has_backend_fallback(torch._C.DispatchKey.PrivateUse1)
-    routable = set(coverage.routable(router.policy.native))
+    routable = set(dispatcher.routable(router.policy.native))
     assert routable <= set(router.registered) and len(routable) > 500
     assert not set(router.registered) & router.policy.native
-    assert not any(coverage.is_implicit(name) for name in router.registered)
+    assert not any(dispatcher.is_implicit(name) for name in router.registered)
 
 
 def test_routes_work_through_per_operator_kernels(router):

@@ -18,11 +18,10 @@ def vendor_fallback(op, *args, **kwargs):
 @pytest.fixture(scope="module")
 def router():
     from flagos_torchfl import routing, sim
-    from flagos_torchfl.backends.activation import activate as activate_backend
     from flagos_torchfl.selection import build_selection
 
     selection = build_selection("sim", {})
-    activate_backend(selection)
+    selection.chip.activate(selection)
     assert sim.is_installed()
     vendor = torch.library.Library("_", "IMPL")
     vendor.fallback(vendor_fallback, "PrivateUse1")

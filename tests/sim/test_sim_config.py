@@ -7,7 +7,9 @@ import pytest
 import torch
 
 from flagos_torchfl.errors import ConfigError
-from flagos_torchfl.sim import config_from_env, default_native_ops, parse_native_ops
+from flagos_torchfl.backends.cpu import logical_device_count
+from flagos_torchfl.backends.sim import SimBackend
+from flagos_torchfl.sim import default_native_ops, parse_native_ops
 from flagos_torchfl.sim.native_ops import RUNTIME_PRIMITIVES, can_run_natively
 
 
@@ -84,15 +86,20 @@ def test_resolve_name_hook_expands_names():
     assert got == {"aten::add.Tensor", "aten::mul.Tensor", "aten::mm", "aten::mm.out"}
 
 
-def test_config_from_env():
-    assert config_from_env({}) == (1, None)
-    assert config_from_env({"LOCAL_WORLD_SIZE": "4"}) == (4, None)
-    assert config_from_env({"LOCAL_WORLD_SIZE": "4", "FL_SIM_DEVICES": "2"}) == (2, None)
-    n, ops = config_from_env({"FL_SIM_NATIVE_OPS": "mm"})
-    assert n == 1 and ops == {"aten::mm", "aten::mm.out"}  # a bare name: all its overloads
-    assert config_from_env({"FL_SIM_NATIVE_OPS": "  "}) == (1, None)
+def test_sim_settings_from_the_environment():
+    def count(environ):
+        return logical_device_count("FL_SIM_DEVICES", environ)
+
+    def native(environ):
+        return SimBackend().options(environ)["native_ops"]
+
+    assert count({}) == 1 and native({}) is None
+    assert count({"LOCAL_WORLD_SIZE": "4"}) == 4
+    assert count({"LOCAL_WORLD_SIZE": "4", "FL_SIM_DEVICES": "2"}) == 2
+    assert native({"FL_SIM_NATIVE_OPS": "mm"}) == {"aten::mm", "aten::mm.out"}  # a bare name: all its overloads
+    assert native({"FL_SIM_NATIVE_OPS": "  "}) is None
     for bad in ("two", "0", "-1", "1.5"):
         with pytest.raises(ConfigError, match="FL_SIM_DEVICES"):
-            config_from_env({"FL_SIM_DEVICES": bad})
+            count({"FL_SIM_DEVICES": bad})
     with pytest.raises(ConfigError, match="LOCAL_WORLD_SIZE"):
-        config_from_env({"LOCAL_WORLD_SIZE": "x"})
+        count({"LOCAL_WORLD_SIZE": "x"})

@@ -26,9 +26,10 @@ def test_a_backend_fallback_on_privateuse1_counts_as_a_claim():
 def sim(tmp_path_factory):
     path = tmp_path_factory.mktemp("ops") / "native.txt"
     path.write_text("add.Tensor\nmm  # matrix product\n")
-    num_devices, native = fsim.config_from_env({"FL_SIM_DEVICES": "3",
-                                                "FL_SIM_NATIVE_OPS": str(path)})
-    return fsim.install(num_devices, native, memory_limit=32 << 20)
+    from flagos_torchfl.backends.sim import SimBackend
+
+    native = SimBackend().options({"FL_SIM_NATIVE_OPS": str(path)})["native_ops"]
+    return fsim.install(3, native, memory_limit=32 << 20)
 
 
 def test_native_set_is_the_named_ops_plus_runtime_primitives(sim):

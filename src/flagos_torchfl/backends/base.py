@@ -1,6 +1,8 @@
-"""The shape every chip family fills in: what it is, how to probe it, what it prefers.
+"""The shape every chip family fills in: what it is, how to probe it, and every answer that
+differs from one chip to another.
 
-A backend module knows nothing of patches or routing; it answers questions about one kind of chip.
+The layers above ask a :class:`Backend`; they never test a backend's name. A backend module
+knows nothing of patches or routing: it answers questions about one kind of chip.
 """
 from __future__ import annotations
 
@@ -9,9 +11,12 @@ import importlib
 import importlib.util
 import os
 from types import MappingProxyType
-from typing import Any, List, Mapping, Optional, Tuple
+from typing import Any, FrozenSet, List, Mapping, Optional, Tuple
 
+from ..log import get_logger
 from . import probe as _probe
+
+log = get_logger("backends")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,6 +87,15 @@ class Backend:
     dtype_gaps: Mapping[str, Tuple[str, ...]] = MappingProxyType({})
     #: whether activation enforces ``memory_virtual_limit`` on this backend
     enforces_memory_limit: bool = False
+    #: whether pinned host memory means anything here (False: ``pin_memory()`` is a no-op)
+    pins_memory: bool = True
+    #: whether process groups and DDP are bound to one device (False: ``device_id`` / DDP
+    #: ``device_ids`` are dropped, as for CPU modules)
+    binds_process_group_device: bool = True
+    #: whether operators can be missing here (False: the chip runs every ATen operator)
+    routes_operators: bool = True
+    #: kernel libraries (provider names, e.g. ``"flaggems"``) that may serve this chip
+    kernel_libraries: Tuple[str, ...] = ()
 
     # ----------------------------------------------------------------- probing
     def probe(self, timeout: Optional[float] = None, count_ops: bool = True) -> ProbeResult:
@@ -102,9 +116,7 @@ class Backend:
             return result
         result.status = "available"
         if count_ops:
-            from .coverage import native_op_count
-
-            result.native_ops = native_op_count(self.dispatch_key)
+            result.native_ops = len(self.native_ops(self.options()))
         return result
 
     def query_driver(self, timeout: float) -> Tuple[Optional[str], Optional[str]]:
@@ -171,22 +183,61 @@ class Backend:
             raise Unavailable("0 devices visible")
         return devices
 
+    # ----------------------------------------------------------------- answers
+    def options(self, environ: Mapping[str, str] = os.environ) -> Mapping[str, Any]:
+        """Chip-specific inputs read from the environment, validated once when a selection is
+        made (and compared by ``Selection.same_request``); raises ConfigError. Default: none."""
+        return MappingProxyType({})
+
+    def native_ops(self, options: Mapping[str, Any]) -> FrozenSet[str]:
+        """ATen overloads the chip runs natively, once its runtime is loaded (the dispatcher's
+        table for its dispatch key)."""
+        from ..aten.dispatcher import native_set
+
+        return native_set(self.dispatch_key)
+
+    def torch_device(self, index: Optional[int] = None):
+        """The ``torch.device`` of device ``index`` (None: the current one)."""
+        import torch
+
+        return torch.device(self.device_type, index) if index is not None else torch.device(self.device_type)
+
+    def device_module(self) -> Any:
+        """The device module ``torch.cuda`` is answered by (``torch.npu`` ...), once the backend
+        is available."""
+        import torch
+
+        return getattr(torch, self.device_type)
+
     # ----------------------------------------------------------------- use
     def activate(self, selection) -> Optional[Any]:
-        """Prepare the runtime for ``selection``; return an undo callable or None.
-
-        Warns once when the vendor plugin's version is outside the tested ones."""
+        """Prepare the runtime for ``selection``; return an undo callable or None. Warns about
+        given settings the backend does not apply, and once when the vendor plugin's version is
+        outside the tested ones."""
+        unapplied = self.unapplied_settings(selection.settings)
+        if unapplied:
+            log.warning("accepted but not applied on backend %s in this version: %s",
+                        self.name, ", ".join(unapplied))
         if self.plugin_module:
             from ..compat import check_plugin
 
             check_plugin(self.plugin_module, self.plugin_version(), self.tested_plugin_versions)
+        return self.start(selection)
+
+    def start(self, selection) -> Optional[Any]:
+        """What the chip's runtime needs before use (override); returns an undo or None."""
         return None
 
-    def device_module(self) -> Any:
-        """The torch device module (``torch.npu`` ...) once the backend is available."""
-        import torch
-
-        return getattr(torch, self.device_type)
+    def unapplied_settings(self, settings) -> List[str]:
+        """The settings given in ``settings`` that this backend does not act on yet."""
+        names = []
+        if settings.memory_virtual_limit is not None and not self.enforces_memory_limit:
+            names.append(f"memory_virtual_limit={settings.memory_virtual_limit}")
+        if settings.memory_pool_clear_interval is not None:
+            names.append(f"memory_pool_clear_interval={settings.memory_pool_clear_interval}")
+        if settings.enable_mixed_precision:
+            names.append("enable_mixed_precision=True")
+        return names
 
     def plugin_version(self) -> Optional[str]:
         return self.runtime_version(None) if self.plugin_module else None
@@ -199,7 +250,11 @@ class Backend:
             "collective": self.collective, "low_precision_dtype": self.low_precision_dtype,
             "supports_float64": self.supports_float64, "priority": self.priority,
             "auto_selectable": self.auto_selectable, "plugin": self.plugin_module,
+            "visible_devices_env": self.visible_devices_env,
         }
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.name!r}>"
 
 
 def translate_visible_devices(variable: Optional[str], environ=os.environ) -> None:
@@ -211,11 +266,3 @@ def translate_visible_devices(variable: Optional[str], environ=os.environ) -> No
         from ..log import get_logger
 
         get_logger("backends").info("CUDA_VISIBLE_DEVICES=%s applied as %s", cuda_mask, variable)
-
-
-def host_memory() -> Optional[int]:
-    """Total host memory in bytes, or None where the OS does not say."""
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):
-        return None

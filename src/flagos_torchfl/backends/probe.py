@@ -2,23 +2,19 @@
 raising. Each returns a value or a plain-words problem."""
 from __future__ import annotations
 
-import os
 import re
 import shutil
 import subprocess
 import threading
 from typing import Any, Callable, Optional, Tuple
 
-DEFAULT_TIMEOUT = 10.0
 
+def probe_timeout() -> float:
+    """Seconds allowed for each query tool and each plugin import (``FL_PROBE_TIMEOUT``, default
+    10); raises ConfigError for a value that is not a positive number of seconds."""
+    from ..variables import read
 
-def probe_timeout(environ=os.environ) -> float:
-    """Seconds allowed for each query tool and each plugin import: ``FL_PROBE_TIMEOUT`` or 10."""
-    try:
-        value = float(environ.get("FL_PROBE_TIMEOUT", DEFAULT_TIMEOUT))
-    except ValueError:
-        return DEFAULT_TIMEOUT
-    return value if value > 0 else DEFAULT_TIMEOUT
+    return read("FL_PROBE_TIMEOUT")
 
 
 def run_tool(argv: list[str], timeout: float) -> Tuple[Optional[str], Optional[str]]:

@@ -1,12 +1,17 @@
 """The simulated accelerator (``flagos_torchfl.sim``) on PyTorch's PrivateUse1 key.
 
 Registering it claims PrivateUse1 for the whole process, so it is never probed nor
-auto-selected: ``detect`` lists it as available on request (``FL_BACKEND=sim``).
+auto-selected: ``detect`` lists it as available on request (``FL_BACKEND=sim``). Its devices
+(``FL_SIM_DEVICES``) and native operator set (``FL_SIM_NATIVE_OPS``) are read here, once, when a
+selection is made.
 """
 from __future__ import annotations
 
 import os
+from types import MappingProxyType
+from typing import Any, FrozenSet, Mapping
 
+from .. import variables
 from ..errors import ConfigError, PrivateUse1ClaimedError
 from .base import Backend, DeviceInfo, ProbeResult
 from .cpu import logical_device_count
@@ -38,19 +43,38 @@ class SimBackend(Backend):
         result.notes.append("not probed: registering it claims PrivateUse1 for the process")
         return result
 
-    def activate(self, selection):
-        """Install the sim for ``selection``: its device count, its memory limit, and the native
-        operators named by ``FL_SIM_NATIVE_OPS`` (ATen names, categories or friendly names of the
-        semantic table, or a file such as one ``ops --export`` wrote). Raises a clear
-        error on a torch older than the sim needs or when another backend holds PrivateUse1;
-        returns the undo."""
+    def options(self, environ: Mapping[str, str] = os.environ) -> Mapping[str, Any]:
+        """``native_ops``: the set ``FL_SIM_NATIVE_OPS`` names (ATen names, categories or
+        friendly names of the semantic table, or a file such as one ``ops --export`` wrote),
+        None for the default set."""
+        spec = variables.read("FL_SIM_NATIVE_OPS", environ)
+        if spec is None:
+            return MappingProxyType({"native_ops": None})
+        from .. import sim
+        from ..aten import names
+
+        return MappingProxyType({"native_ops": sim.parse_native_ops(spec, resolve_name=names.resolve_semantic)})
+
+    def native_ops(self, options: Mapping[str, Any]) -> FrozenSet[str]:
+        """The installed sim's set; before installation the set ``options`` describe."""
+        from .. import sim
+        from ..sim.native_ops import runtime_primitive_names
+
+        if sim.is_installed():
+            return sim.native_op_names()
+        configured = options.get("native_ops")
+        return sim.default_native_ops() if configured is None else configured | runtime_primitive_names()
+
+    def start(self, selection):
+        """Install the sim for ``selection``: its device count, memory limit and native set.
+        Raises a clear error on a torch older than the sim needs or when another backend holds
+        PrivateUse1."""
         import torch
 
         from .. import compat
 
         compat.require_torch("the sim backend", compat.SIM_MIN_TORCH, torch.__version__)
         from .. import sim
-        from ..routing import names
         from ..sim import registration
 
         owner = registration.current_owner()
@@ -59,12 +83,9 @@ class SimBackend(Backend):
                 f"the sim backend needs PyTorch's PrivateUse1 slot, but {owner} holds it; "
                 "run without that plugin, or select its backend instead"
             )
-        spec = os.environ.get("FL_SIM_NATIVE_OPS", "").strip()
-        native = sim.parse_native_ops(spec, resolve_name=names.resolve_semantic) if spec else None
         count = selection.probe.device_count if selection.probe is not None else max(selection.devices) + 1
         limit = selection.memory_limit_bytes()
         if sim.is_installed():
             sim.set_memory_limit(limit)
-        sim.install(num_devices=count, native_ops=native, memory_limit=limit)
+        sim.install(num_devices=count, native_ops=selection.options["native_ops"], memory_limit=limit)
         return None
-

@@ -3,15 +3,19 @@ from __future__ import annotations
 
 import os
 import platform
+import re
 import sys
 from importlib import metadata
+from typing import List, Mapping
 
-from .. import __version__
+from .. import __version__, variables
 from ..backends import registry
+from ..errors import suggestion
 from . import detect
 
-ENV_PREFIXES = ("FL_", "CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ASCEND_RT_VISIBLE_DEVICES",
-                "MLU_VISIBLE_DEVICES", "MUSA_VISIBLE_DEVICES", "LOCAL_WORLD_SIZE", "WORLD_SIZE")
+#: device and launcher variables worth reporting beside each backend's visible-devices variable
+DEVICE_VARIABLES = ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "LOCAL_WORLD_SIZE", "WORLD_SIZE")
+_SECRET = re.compile(r"TOKEN|SECRET|PASSWORD|PASSWD|KEY|CREDENTIAL|AUTH", re.IGNORECASE)
 
 
 def add_parser(sub) -> None:
@@ -40,8 +44,7 @@ def report() -> str:
     plugins = sorted({b.plugin_module for b in registry().backends() if b.plugin_module})
     for module in plugins + ["flag_gems", "transformers"]:
         lines.append(f"- {module} version: {distribution_version(module)}")
-    variables = sorted(k for k in os.environ if k.startswith(ENV_PREFIXES))
-    lines.append("- Environment: " + (", ".join(f"{k}={os.environ[k]}" for k in variables) or "none set"))
+    lines.append("- Environment: " + (", ".join(environment(os.environ)) or "none set"))
     data = detect.collect()
     lines.append("- Backends:")
     for row in data["backends"]:
@@ -50,6 +53,21 @@ def report() -> str:
     pick = data["auto_select"]
     lines.append(f"- auto_select_backend(): {pick['backend'] or 'fails'} ({pick['why']})")
     return "\n".join(lines)
+
+
+def environment(environ: Mapping[str, str]) -> List[str]:
+    """``NAME=value`` for each set variable the package declares and each device variable;
+    other ``FL_*`` names are listed as unknown (with the closest declared name), and values of
+    names that suggest a secret are masked."""
+    devices = {*DEVICE_VARIABLES, *(b.visible_devices_env for b in registry().backends() if b.visible_devices_env)}
+    shown = []
+    for name in sorted(environ):
+        value = "***" if _SECRET.search(name) else environ[name]
+        if name in variables.VARIABLES or name in devices:
+            shown.append(f"{name}={value}")
+        elif name.startswith("FL_"):
+            shown.append(f"{name}={value} (not a flagos_torchfl variable.{suggestion(name, variables.VARIABLES)})")
+    return shown
 
 
 def run(args) -> int:

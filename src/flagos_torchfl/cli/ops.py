@@ -6,8 +6,7 @@ import json
 from collections import Counter
 
 from ..errors import FlagOSError
-
-ROUTES = ("native", "library", "composite", "fallback", "unsupported")
+from ..routing.overrides import ROUTES
 
 
 def add_parser(sub) -> None:
@@ -23,7 +22,7 @@ def add_parser(sub) -> None:
 
 
 def _names(as_json: bool) -> str:
-    from ..routing import names
+    from ..aten import names
 
     table = names.table()
     if as_json:

@@ -35,12 +35,11 @@ from typing import List, Optional, Union
 
 from .. import startup
 from ..api import current_backend, deactivate
-from ..errors import UnknownBackendError, suggestion
-from ..log import get_logger, level_from_env
+from ..errors import ConfigError, UnknownBackendError
+from ..log import LEVELS, get_logger, level_from_env, parse_level
 from ..selection import parse_backend_list
 
 log = get_logger("launcher")
-LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 SCRIPT_SUFFIXES = (".py", ".pyw", ".pyz")
 #: frames of these files are left out of the traceback of a program's uncaught exception
 _LAUNCHER_FILES = {__file__, runpy.run_path.__code__.co_filename}
@@ -81,7 +80,7 @@ def add_parser(sub) -> None:
     p.add_argument("--backend", metavar="NAME",
                    help="backend to use, or a comma-separated list tried in order; wins over "
                         "FL_BACKEND and init_backend(backend=...) in the program")
-    p.add_argument("--log-level", metavar="LEVEL", help=f"FL_LOG_LEVEL for the program: {', '.join(LOG_LEVELS)}")
+    p.add_argument("--log-level", metavar="LEVEL", help=f"FL_LOG_LEVEL for the program: {', '.join(LEVELS)}")
     p.add_argument("--report", action="store_true", help="print the routing report when the program exits")
     p.add_argument("-m", dest="module", nargs=argparse.REMAINDER, metavar="MODULE",
                    help="run a module as `python -m` does; the rest of the line is its arguments")
@@ -166,11 +165,10 @@ def validate_log_level(value: Optional[str]) -> Optional[str]:
     """The level name (or number) for ``--log-level``; raises UsageError for anything else."""
     if value is None:
         return None
-    level = value.strip().upper()
-    if level in LOG_LEVELS or level.isdigit():
-        return level
-    raise UsageError(f"invalid --log-level {value!r}.{suggestion(level, LOG_LEVELS)} "
-                     f"Valid levels: {', '.join(LOG_LEVELS)} or a number")
+    try:
+        return parse_level(value, "--log-level")
+    except ConfigError as exc:
+        raise UsageError(str(exc)) from None
 
 
 def exec_command(command: Command) -> int:

@@ -56,10 +56,7 @@ def activate(selection: Any) -> Callable[[], None]:
     ActivationError. If a vendor migration shim has patched torch, or any patch fails, it
     raises ActivationError and torch is left exactly as it was.
     """
-    from ..backends import get_backend
-
-    module = get_backend(selection.backend).device_module()
-    return apply(Target.from_selection(selection, module))
+    return apply(Target.from_selection(selection))
 
 
 def apply(target: Target) -> Callable[[], None]:

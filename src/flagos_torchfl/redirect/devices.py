@@ -4,7 +4,8 @@ Only exact CUDA designations are rewritten: the string ``"cuda"`` or ``"cuda:N"`
 ``torch.device`` of type ``cuda``, and — where PyTorch reads an int as a device (``.to(N)``,
 ``.cuda(N)``, ``device=N``) — a bare int. Anything else passes through as the same object, so a
 path such as ``"runs/cuda_ckpt.pt"`` is never touched. Logical ``cuda:i`` is physical device
-``selection.devices[i]`` of the backend; on the CPU backend every logical device is ``cpu``.
+``selection.devices[i]`` of the backend, as the chip names it (``Backend.torch_device``: on the
+CPU backend every logical device is ``cpu``).
 
 Tensors report their real device: ``torch.device`` cannot be faked, so ``x.device.type`` is the
 backend's type (``"cpu"``, ``"npu"``, ...). ``Tensor.is_cuda`` is left alone and stays truthful
@@ -28,50 +29,55 @@ _LOW_PRECISION = {"bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 class Target:
-    """What the patches redirect to: one backend's device type, devices and device module.
+    """What the patches redirect to: one chip (a :class:`~flagos_torchfl.backends.Backend`), the
+    selected devices and the device module ``torch.cuda`` is answered by (the chip's own unless
+    ``module`` is given).
 
-    ``native`` is True when the backend's device type is ``cuda`` itself (NVIDIA, ROCm): then
+    ``native`` is True when the chip's device type is ``cuda`` itself (NVIDIA, ROCm): then
     only logical-to-physical renumbering (``gpu_ids``) can be needed.
     """
 
     def __init__(
         self,
-        backend: str,
-        device_type: str,
+        chip: Any,
         devices: Sequence[int],
-        module: Any,
-        low_precision_dtype: str = "bfloat16",
-        collective: str = "gloo",
+        module: Any = None,
         device_names: Sequence[str] = (),
         device_memory: Sequence[Optional[int]] = (),
     ) -> None:
         if not devices:
-            raise ValueError(f"backend {backend!r} has no devices to redirect to")
-        if low_precision_dtype not in _LOW_PRECISION:
+            raise ValueError(f"backend {chip.name!r} has no devices to redirect to")
+        if chip.low_precision_dtype not in _LOW_PRECISION:
             raise ValueError(
-                f"low_precision_dtype {low_precision_dtype!r} is not one of {', '.join(_LOW_PRECISION)}"
+                f"low_precision_dtype {chip.low_precision_dtype!r} is not one of {', '.join(_LOW_PRECISION)}"
             )
-        self.backend = backend
-        self.device_type = device_type
+        self.chip = chip
         self.devices = tuple(devices)
-        self.module = module
-        self.low_precision_dtype = _LOW_PRECISION[low_precision_dtype]
-        self.collective = collective
+        self.module = chip.device_module() if module is None else module
+        self.low_precision_dtype = _LOW_PRECISION[chip.low_precision_dtype]
         self.device_names = tuple(device_names)
         self.device_memory = tuple(device_memory)
-        self.native = device_type == "cuda"
-        self.is_cpu = device_type == "cpu"
+        self.native = chip.device_type == "cuda"
         self.remaps = self.devices != tuple(range(len(self.devices)))
         self._tls = threading.local()
-        self.default_device = torch.device(device_type)
-        if self.is_cpu:
-            self._by_logical = tuple(torch.device("cpu") for _ in self.devices)
-        else:
-            self._by_logical = tuple(torch.device(device_type, i) for i in self.devices)
+        self.default_device = chip.torch_device(None)
+        self._by_logical = tuple(chip.torch_device(i) for i in self.devices)
+
+    @property
+    def backend(self) -> str:
+        return self.chip.name
+
+    @property
+    def device_type(self) -> str:
+        return self.chip.device_type
+
+    @property
+    def collective(self) -> str:
+        return self.chip.collective
 
     @classmethod
-    def from_selection(cls, selection: Any, module: Any) -> "Target":
-        """The target of a :class:`~flagos_torchfl.selection.Selection` and its device module."""
+    def from_selection(cls, selection: Any) -> "Target":
+        """The target of a :class:`~flagos_torchfl.selection.Selection`."""
         names, memory = [], []
         probe = getattr(selection, "probe", None)
         found = {d.index: d for d in (probe.devices if probe is not None else ())}
@@ -79,10 +85,7 @@ class Target:
             info = found.get(physical)
             names.append(info.name if info else f"{selection.backend} device {physical}")
             memory.append(info.total_memory if info else None)
-        return cls(
-            selection.backend, selection.device_type, selection.devices, module,
-            selection.low_precision_dtype, selection.collective, names, memory,
-        )
+        return cls(selection.chip, selection.devices, None, names, memory)
 
     # ------------------------------------------------------------ logical devices
     @property
@@ -182,8 +185,6 @@ class Target:
         )
 
     def _unindexed(self) -> torch.device:
-        if self.is_cpu:
-            return self.default_device
         if self.remaps:
             return self._by_logical[self.current]
         return self.default_device

@@ -38,9 +38,9 @@ def _device_index(target: Target, value: Any) -> Any:
 
 
 def _device_id(target: Target, value: Any) -> Optional[torch.device]:
-    """``init_process_group(device_id=...)``: the target device; None on the CPU, which binds
-    no device to a process group."""
-    if value is None or target.is_cpu:
+    """``init_process_group(device_id=...)``: the target device; None where the chip binds no
+    device to a process group (the CPU)."""
+    if value is None or not target.chip.binds_process_group_device:
         return None
     translated = target.translate(value)
     return translated if isinstance(translated, torch.device) else value
@@ -80,13 +80,14 @@ def patch_process_group(target: Target, patcher: Patcher) -> None:
 @patch_function("ddp", on_cuda=True)
 def patch_ddp(target: Target, patcher: Patcher) -> None:
     """``DistributedDataParallel(model, device_ids=[local_rank], output_device=local_rank)``:
-    physical indices of the backend; on the CPU both are dropped (CPU modules take none)."""
+    physical indices of the backend; dropped where the chip binds no device to a process group
+    (CPU modules take none)."""
     if not torch.distributed.is_available():
         return
     from torch.nn.parallel import DistributedDataParallel
 
     def edit(values: dict) -> None:
-        if target.is_cpu:
+        if not target.chip.binds_process_group_device:
             values.pop("device_ids", None)
             values.pop("output_device", None)
             return

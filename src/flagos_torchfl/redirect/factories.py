@@ -6,8 +6,8 @@ The list starts from PyTorch's own (``torch.utils._device._device_constructors()
 these functions (``nn.Linear(..., device="cuda")`` calls ``torch.empty(..., device="cuda")``), so
 their ``device=`` is covered here too.
 
-Each wrapper looks at ``device=`` (and, on the CPU backend, turns ``pin_memory=True`` off: there
-is no device to pin host memory for) and calls the original; nothing else is added to a call.
+Each wrapper looks at ``device=`` (and, where the chip does not pin memory — the CPU: there is no
+device to pin host memory for — turns ``pin_memory=True`` off) and calls the original; nothing else is added to a call.
 """
 from __future__ import annotations
 
@@ -30,9 +30,10 @@ TENSOR_NEW_METHODS = (
 
 
 def factory_wrapper(original: Callable, target: Target) -> Callable:
-    """``original`` with its ``device=`` keyword translated (and pin_memory dropped on cpu)."""
+    """``original`` with its ``device=`` keyword translated (and ``pin_memory=True`` dropped
+    where the chip does not pin memory)."""
     translate = target.translate
-    drop_pin = target.is_cpu
+    drop_pin = not target.chip.pins_memory
 
     @functools.wraps(original)
     def factory(*args, **kwargs):

@@ -27,7 +27,6 @@ class Patch:
     name: str
     apply: Callable[[Any, "Patcher"], None]
     on_cuda: bool
-    summary: str  # the first paragraph of the patch function's docstring
 
 
 REGISTRY: List[Patch] = []
@@ -42,9 +41,7 @@ def patch_function(name: str, on_cuda: bool = False) -> Callable:
     def register(fn: Callable[[Any, "Patcher"], None]) -> Callable[[Any, "Patcher"], None]:
         if any(p.name == name for p in REGISTRY):
             raise ValueError(f"redirect patch {name!r} is registered twice")
-        doc = (fn.__doc__ or "").strip()
-        summary = " ".join(doc.split("\n\n")[0].split()) if doc else name
-        REGISTRY.append(Patch(name, fn, on_cuda, summary))
+        REGISTRY.append(Patch(name, fn, on_cuda))
         return fn
 
     return register

@@ -88,7 +88,7 @@ def patch_module_tied_parameters(target: Target, patcher: Patcher) -> None:
     CUDA, HIP, MPS, XPU and HPU tensors as shallow-copy compatible), so ``Module._apply``
     replaces the parameter in each module separately and unties it; the wrapped ``_apply``
     re-ties such parameters afterwards. Other backends are left alone."""
-    if target.device_type != torch._C._get_privateuse1_backend_name():
+    if target.chip.dispatch_key != "PrivateUse1":
         return
     local = threading.local()
 
@@ -122,22 +122,24 @@ def patch_module_tied_parameters(target: Target, patcher: Patcher) -> None:
 def patch_pin_memory(target: Target, patcher: Patcher) -> None:
     """``Tensor.pin_memory()`` and ``DataLoader(pin_memory=True, pin_memory_device="cuda")``.
 
-    On the CPU backend there is no device to pin for: ``pin_memory()`` returns the tensor
-    itself (``is_pinned()`` stays truthfully False) and DataLoader's ``pin_memory`` is turned
-    off. On an accelerator backend pinning is the backend's own; only the deprecated
-    ``pin_memory_device="cuda"`` is cleared (torch pins for the current accelerator).
+    Where the chip does not pin memory (the CPU: there is no device to pin for),
+    ``pin_memory()`` returns the tensor itself (``is_pinned()`` stays truthfully False) and
+    DataLoader's ``pin_memory`` is turned off. Elsewhere pinning is the backend's own; only the
+    deprecated ``pin_memory_device="cuda"`` is cleared (torch pins for the current accelerator).
     """
     from torch.utils.data import DataLoader
 
+    pins = target.chip.pins_memory
+
     def edit(values: dict) -> None:
-        if target.is_cpu:
+        if not pins:
             values.pop("pin_memory", None)
             values.pop("pin_memory_device", None)
         elif target.translate_named(values.get("pin_memory_device", "")) != values.get("pin_memory_device", ""):
             values.pop("pin_memory_device")
 
     patcher.wrap_arguments(DataLoader, "__init__", edit)
-    if target.is_cpu:
+    if not pins:
         original_pin = torch.Tensor.pin_memory
 
         @functools.wraps(original_pin)

@@ -3,21 +3,20 @@ composite (decomposition into operators the chip has), the CPU fallback — or a
 :class:`~flagos_torchfl.errors.OperatorNotSupportedError`. Operators the chip has natively are
 never intercepted.
 
-Importing this package is cheap; the router is built when a backend activates
-(``ACTIVATION_STEPS`` in ``api.py`` calls :func:`activate`).
+Importing this package is cheap; the router is built when a backend activates (the api's
+activation steps call :func:`activate` with the selection).
 """
 from __future__ import annotations
 
-import os
 import threading
 from typing import Callable, Dict, Optional
 
-ENV_REGISTRATION = "FL_ROUTING_REGISTRATION"
-REGISTRATIONS = ("auto", "per-op")
-
 _lock = threading.Lock()
 _active = None
+#: overrides loaded with :func:`load_routing_config`, and those the active selection read from
+#: the environment (which win)
 _loaded: Dict[str, tuple] = {}
+_from_environment: Dict[str, tuple] = {}
 
 
 def active_router():
@@ -25,47 +24,35 @@ def active_router():
     return _active
 
 
-def build_policy(backend, environ=os.environ):
-    """The routing policy for a backend whose runtime is ready (its native kernels registered)."""
-    from . import coverage, overrides, providers
+def build_policy(chip, options, overrides):
+    """The routing policy for a chip whose runtime is ready (its native kernels registered)."""
+    from . import providers
     from .gaps import resolve_gaps
     from .router import Policy
 
-    native = coverage.native_set(backend.dispatch_key)
+    native = chip.native_ops(options)
     return Policy(
-        backend=backend.name, dispatch_key=backend.dispatch_key, device_type=backend.device_type,
-        native=native, dtype_gaps=resolve_gaps(backend.dtype_gaps, native),
-        overrides={**_loaded, **overrides.from_env(environ)},
-        library=providers.library_for(backend),
+        backend=chip.name, dispatch_key=chip.dispatch_key, device_type=chip.device_type,
+        native=native, dtype_gaps=resolve_gaps(chip.dtype_gaps, native),
+        overrides={**_loaded, **overrides}, library=providers.library_for(chip),
     )
 
 
-def registration_mode(environ=os.environ) -> str:
-    """``FL_ROUTING_REGISTRATION``: ``auto`` (a backend fallback where possible) or ``per-op``."""
-    from ..errors import ConfigError, suggestion
-
-    value = environ.get(ENV_REGISTRATION, "auto").strip().lower() or "auto"
-    if value not in REGISTRATIONS:
-        raise ConfigError(f"{ENV_REGISTRATION}={value!r} is not valid.{suggestion(value, REGISTRATIONS)} "
-                          f"Valid: {', '.join(REGISTRATIONS)}")
-    return value
-
-
 def activate(selection) -> Optional[Callable[[], None]]:
-    """Activation step: route the selected backend's missing operators; returns the undo."""
+    """Activation step: route the selected chip's missing operators; returns the undo (None
+    when the chip runs every operator)."""
     global _active
-    from ..backends import get_backend
     from ..log import get_logger
 
-    backend = get_backend(selection.backend)
-    if backend.dispatch_key == "CPU":
-        get_logger("routing").debug("the CPU runs every operator: nothing to route")
+    chip = selection.chip
+    if not chip.routes_operators:
+        get_logger("routing").debug("%s runs every operator: nothing to route", chip.name)
         return None
     from .router import Router
 
-    mode = registration_mode()
-    router = Router(build_policy(backend))
-    undo = router.install(mode)
+    from_environment = selection.routing.override_table()
+    router = Router(build_policy(chip, selection.options, from_environment))
+    undo = router.install(selection.routing.registration)
 
     def deactivate() -> None:
         global _active
@@ -77,6 +64,8 @@ def activate(selection) -> Optional[Callable[[], None]]:
 
     with _lock:
         _active = router
+        _from_environment.clear()
+        _from_environment.update(from_environment)
     return deactivate
 
 
@@ -92,8 +81,9 @@ def load_routing_config(path) -> Dict[str, str]:
         _loaded.clear()
         _loaded.update(loaded)
         router = _active
+        environment = dict(_from_environment)
     if router is not None:
-        router.reconfigure({**loaded, **overrides.from_env()})
+        router.reconfigure({**loaded, **environment})
     return {op: entry[0] for op, entry in loaded.items()}
 
 

@@ -17,6 +17,7 @@ from typing import Any, Callable, Dict, Optional, Tuple
 
 import torch
 
+from ..aten import dispatcher
 from . import schema
 
 aten = torch.ops.aten
@@ -59,7 +60,7 @@ def can_run(op) -> Optional[str]:
     """None when the CPU can run ``op`` (or its equivalent), else the reason it cannot."""
     host_op, _ = host_operator(op)
     name = schema.qualified_name(host_op)
-    if not torch._C._dispatch_has_computed_kernel_for_dispatch_key(name, "CPU"):
+    if not dispatcher.has_computed_kernel(name, "CPU"):
         return f"the CPU has no kernel for {name}"
     if name.endswith("_overrideable") or "_overrideable." in name:
         return f"{name} is a stub for out-of-tree backends"
@@ -73,7 +74,7 @@ class _Mover:
         self.device_type = device_type
         self.bytes = 0
         self.device: Optional[torch.device] = None
-        self._host: Dict[int, torch.Tensor] = {}
+        self._copies: Dict[int, torch.Tensor] = {}
 
     def is_device_tensor(self, value: Any) -> bool:
         return isinstance(value, torch.Tensor) and value.device.type == self.device_type
@@ -82,11 +83,11 @@ class _Mover:
         if self.is_device_tensor(value):
             if self.device is None:
                 self.device = value.device
-            found = self._host.get(id(value))
+            found = self._copies.get(id(value))
             if found is None:
                 found = value.to("cpu")
                 self.bytes += value.numel() * value.element_size()
-                self._host[id(value)] = found
+                self._copies[id(value)] = found
             return found
         if isinstance(value, torch.device) and value.type == self.device_type:
             if self.device is None:

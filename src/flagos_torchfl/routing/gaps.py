@@ -7,7 +7,8 @@ from typing import Dict, FrozenSet, Iterable, Mapping
 import torch
 
 from ..errors import ConfigError, suggestion
-from . import names
+from ..aten import names
+from ..aten.dtypes import dtype_mask
 
 
 def _dtype(name: str) -> torch.dtype:
@@ -21,8 +22,6 @@ def _dtype(name: str) -> torch.dtype:
 def resolve_gaps(declared: Mapping[str, Iterable[str]], native: FrozenSet[str]) -> Dict[str, int]:
     """``{"float64": ("matmul", "aten::cumsum")}`` -> overload -> dtype bit set, for the native
     overloads the names cover (``"*"``: every native overload)."""
-    from .router import dtype_mask
-
     gaps: Dict[str, int] = {}
     for dtype_name, entries in dict(declared or {}).items():
         if isinstance(entries, str):

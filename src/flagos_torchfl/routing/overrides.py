@@ -12,13 +12,12 @@ import os
 from pathlib import Path
 from typing import Dict, Mapping, Tuple
 
+from .. import variables
 from ..errors import ConfigError, suggestion
-from . import names
+from ..aten import names
 
 ROUTES = ("native", "library", "composite", "fallback", "unsupported")
 ALIASES = {"cpu": "fallback"}
-ENV_ROUTES = "FL_OP_ROUTE"
-ENV_CONFIG = "FL_ROUTING_CONFIG"
 
 #: overload -> (route, the entry as written ("softmax=cpu"), where it came from)
 Overrides = Dict[str, Tuple[str, str, str]]
@@ -52,7 +51,7 @@ def expand(entries: Mapping[str, str], where: str) -> Overrides:
     return result
 
 
-def parse_spec(text: str, where: str = ENV_ROUTES) -> Overrides:
+def parse_spec(text: str, where: str = "FL_OP_ROUTE") -> Overrides:
     """``"softmax=cpu,gelu=composite"`` (``,`` or ``;`` between entries) -> overrides."""
     entries: Dict[str, str] = {}
     for item in text.replace(";", ",").split(","):
@@ -101,10 +100,10 @@ def load_file(path) -> Overrides:
 def from_env(environ: Mapping[str, str] = os.environ) -> Overrides:
     """Overrides from ``FL_ROUTING_CONFIG`` (a file) overlaid by ``FL_OP_ROUTE``."""
     result: Overrides = {}
-    config = environ.get(ENV_CONFIG, "").strip()
+    config = variables.read("FL_ROUTING_CONFIG", environ)
     if config:
         result.update(load_file(config))
-    spec = environ.get(ENV_ROUTES, "").strip()
+    spec = variables.read("FL_OP_ROUTE", environ)
     if spec:
         result.update(parse_spec(spec))
     return result

@@ -60,10 +60,10 @@ class FlagGemsProvider(KernelProvider):
 
     name = "flaggems"
     priority = 100
-    BACKENDS = ("cuda", "rocm", "ascend", "cambricon", "mthreads", "xpu")
 
     def supports(self, backend) -> bool:
-        return backend.name in self.BACKENDS and importlib.util.find_spec("flag_gems") is not None
+        """On the chips that list ``"flaggems"`` among their kernel libraries, when installed."""
+        return self.name in backend.kernel_libraries and importlib.util.find_spec("flag_gems") is not None
 
     def kernels(self, backend) -> Iterable[ProviderKernel]:
         gems = importlib.import_module("flag_gems")

@@ -54,8 +54,8 @@ class Stats:
         """One dict per operator, most total time first. ``routes``: route -> {calls, ms,
         host_bytes} (an operator takes several routes when its calls differ in dtype or mode,
         or when an override changed)."""
-        from . import names
-        from .router import dtypes_of
+        from ..aten import names
+        from ..aten.dtypes import dtype_names
 
         with self._lock:
             items = [(name, {r: list(c) for r, c in row.routes.items()}, row.dtypes, row.misses)
@@ -69,7 +69,7 @@ class Stats:
                 "calls": sum(c for c, _, _ in routes.values()),
                 "total_ms": sum(ns for _, ns, _ in routes.values()) / 1e6,
                 "host_bytes": sum(b for _, _, b in routes.values()),
-                "dtypes": [str(d).replace("torch.", "") for d in dtypes_of(dtypes)],
+                "dtypes": dtype_names(dtypes),
                 "categories": names.categories_of(name),
                 "composite_misses": misses,
             })

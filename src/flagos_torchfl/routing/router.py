@@ -18,7 +18,9 @@ import torch
 
 from ..errors import OperatorNotSupportedError
 from ..log import get_logger
-from . import composite, coverage, fallback, schema
+from ..aten import dispatcher
+from ..aten.dtypes import call_signature, dtype_mask, dtype_names, dtypes_of
+from . import composite, fallback, schema
 from .composite import CompositeAbort
 from .report import Stats
 
@@ -26,42 +28,6 @@ log = get_logger("routing")
 ROUTE_ORDER = ("library", "composite", "fallback")
 _PENDING = object()
 _TAGS = {"library": "library-op", "composite": "composite-op", "fallback": "cpu-fallback"}
-
-_DTYPES = [d for d in vars(torch).values() if isinstance(d, torch.dtype)]
-_BIT = {d: 1 << i for i, d in enumerate(dict.fromkeys(_DTYPES))}
-
-
-def dtype_mask(dtypes) -> int:
-    """The bit set standing for a collection of dtypes."""
-    mask = 0
-    for d in dtypes:
-        mask |= _BIT[d]
-    return mask
-
-
-def dtypes_of(mask: int) -> List[torch.dtype]:
-    """The dtypes in a bit set, in a stable order."""
-    return [d for d, bit in _BIT.items() if mask & bit]
-
-
-def call_signature(args: tuple, kwargs: dict) -> Tuple[int, bool]:
-    """(dtype bit set of the tensor arguments and ``dtype=``, whether autograd is needed)."""
-    mask = 0
-    needs_grad = False
-    grad = torch.is_grad_enabled()
-    for value in (*args, *kwargs.values()):
-        if isinstance(value, torch.Tensor):
-            mask |= _BIT[value.dtype]
-            needs_grad = needs_grad or (grad and value.requires_grad)
-        elif isinstance(value, (list, tuple)):
-            for item in value:
-                if isinstance(item, torch.Tensor):
-                    mask |= _BIT[item.dtype]
-                    needs_grad = needs_grad or (grad and item.requires_grad)
-        elif isinstance(value, torch.dtype):
-            mask |= _BIT[value]
-    return mask, needs_grad
-
 
 @dataclasses.dataclass(frozen=True)
 class Decision:
@@ -243,7 +209,7 @@ class Router:
         tag = _TAGS.get(decision.route)
         if tag and (name, decision.route) not in self._announced:
             self._announced.add((name, decision.route))
-            dtypes = ", ".join(str(d).replace("torch.", "") for d in dtypes_of(key[1])) or "no tensors"
+            dtypes = ", ".join(dtype_names(key[1])) or "no tensors"
             how = {"library": f"runs on the {decision.detail} kernel library",
                    "composite": f"runs as a decomposition ({decision.detail})",
                    "fallback": "runs on the host (CPU fallback, operands copied both ways)"}[decision.route]
@@ -267,14 +233,14 @@ class Router:
                 if frames:
                     raise CompositeAbort(frames[-1], abort.reason) from None
                 if fallback.can_run(op) is None:
-                    return self._host(op, decision, args, kwargs)
+                    return self._run_on_host(op, decision, args, kwargs)
                 raise OperatorNotSupportedError(schema.qualified_name(op), self.policy.backend,
                                                 [*decision.tried, ("composite", abort.reason)]) from None
         if route == "fallback":
-            return self._host(op, decision, args, kwargs)
+            return self._run_on_host(op, decision, args, kwargs)
         raise OperatorNotSupportedError(schema.qualified_name(op), self.policy.backend, list(decision.tried))
 
-    def _host(self, op, decision: Decision, args: tuple, kwargs: dict):
+    def _run_on_host(self, op, decision: Decision, args: tuple, kwargs: dict):
         try:
             return fallback.run(op, args, kwargs, self.policy.device_type)
         except fallback.RouteUnavailable as exc:
@@ -304,20 +270,20 @@ class Router:
         key = self.policy.dispatch_key
         native = self.policy.native
         per_op: Dict[str, str] = {}
-        for name in coverage.stub_composites():
+        for name in dispatcher.stub_composites():
             if name not in native:
                 per_op[name] = "its CompositeExplicitAutograd kernel is a stub that raises"
         for name, (route, given, where) in self.policy.overrides.items():
-            if route != "native" and not coverage.is_implicit(name):
+            if route != "native" and not dispatcher.is_implicit(name):
                 per_op.setdefault(name, f"{where} sets {given}")
         for name in self.policy.dtype_gaps:
             if name in native and name not in per_op:
                 per_op[name] = "the backend lacks it for some dtypes"
-        vendor = coverage.has_backend_fallback(key)
+        vendor = dispatcher.has_backend_fallback(key)
         can_fallback = hasattr(torch.library.Library, "fallback")
         use_fallback = mechanism != "per-op" and can_fallback and not vendor
         if not use_fallback:
-            for name in coverage.routable(native):
+            for name in dispatcher.routable(native):
                 if name in per_op:
                     continue
                 if vendor and not (self.policy.library.get(name) or _has_decomposition(name)):
@@ -352,7 +318,7 @@ class Router:
         return self.uninstall
 
     def _register(self, lib, name: str, key: str) -> None:
-        op = schema.overload(name)
+        op = dispatcher.overload(name)
         gap = self.policy.dtype_gaps.get(name)
         if gap and name in self.policy.native and name not in self.policy.overrides:
             if not hasattr(torch.library, "get_kernel"):
@@ -392,4 +358,4 @@ class Router:
 
 
 def _has_decomposition(name: str) -> bool:
-    return composite.find(schema.overload(name)) is not None
+    return composite.find(dispatcher.overload(name)) is not None

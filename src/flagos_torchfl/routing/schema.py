@@ -15,13 +15,6 @@ def qualified_name(op: OpOverload) -> str:
     return op.name()
 
 
-def overload(name: str) -> OpOverload:
-    """The OpOverload for a dispatcher name (``"aten::add.Tensor"``, ``"aten::relu"``)."""
-    namespace, _, rest = name.partition("::")
-    packet, _, overload_name = rest.partition(".")
-    return getattr(getattr(getattr(torch.ops, namespace), packet), overload_name or "default")
-
-
 def bind(op: OpOverload, args: tuple, kwargs: dict) -> Dict[str, Any]:
     """Argument name -> value for a call, defaults filled in."""
     bound: Dict[str, Any] = {}

@@ -8,17 +8,15 @@ device module (memory statistics, RNG, streams). Operators in the native set
 device memory; every other operator has no kernel on the device, exactly as on a chip whose
 runtime lacks it, which is what the routing layer is developed against.
 
-Environment (read by :func:`config_from_env`, not by :func:`install`): ``FL_SIM_DEVICES`` (number
-of devices; default ``LOCAL_WORLD_SIZE`` when set, else 1) and ``FL_SIM_NATIVE_OPS`` (the native
-set, see :func:`parse_native_ops`).
+The package reads no environment variable: the ``sim`` backend (``backends/sim.py``) turns
+``FL_SIM_DEVICES`` and ``FL_SIM_NATIVE_OPS`` into :func:`install`'s arguments.
 """
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import types
-from typing import Iterable, Mapping
+from typing import Iterable
 
 import torch
 
@@ -29,7 +27,7 @@ from .native_ops import (RUNTIME_PRIMITIVES, can_run_natively, default_native_op
 
 __all__ = [
     "install", "is_installed", "native_op_names", "default_native_ops", "parse_native_ops",
-    "set_memory_limit", "host_view", "config_from_env", "RUNTIME_PRIMITIVES",
+    "set_memory_limit", "host_view", "RUNTIME_PRIMITIVES",
 ]
 
 logger = logging.getLogger("flagos_torchfl.sim")
@@ -145,24 +143,3 @@ def host_view(t: torch.Tensor) -> torch.Tensor:
     through it change ``t``; it keeps ``t``'s memory alive, but no longer sees ``t``'s bytes
     once ``t``'s storage has been resized (``resize_`` growing it, ``storage.resize_``)."""
     return tensors.host_view(t)
-
-
-def config_from_env(environ: Mapping[str, str] = os.environ
-                    ) -> tuple[int, frozenset[str] | None]:
-    """``(num_devices, native_ops)`` from ``FL_SIM_DEVICES`` (else ``LOCAL_WORLD_SIZE``, else 1)
-    and ``FL_SIM_NATIVE_OPS`` (None when unset or empty). Raises
-    :class:`~flagos_torchfl.errors.ConfigError` for a device count that is not an integer >= 1
-    and for an invalid native op list."""
-    num_devices = 1
-    for var in ("FL_SIM_DEVICES", "LOCAL_WORLD_SIZE"):
-        raw = environ.get(var)
-        if raw is not None and raw.strip():
-            try:
-                value = int(raw.strip())
-            except ValueError:
-                raise ConfigError(f"{var} must be an integer >= 1, got {raw!r}") from None
-            num_devices = _check_device_count(value, var)
-            break
-    spec = environ.get("FL_SIM_NATIVE_OPS", "")
-    native = parse_native_ops(spec) if spec.strip() else None
-    return num_devices, native

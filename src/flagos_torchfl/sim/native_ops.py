@@ -13,6 +13,7 @@ from typing import Callable, Iterable
 
 import torch
 
+from ..aten.dispatcher import has_computed_kernel, has_kernel, is_implicit, overload, overloads_by_packet
 from ..errors import ConfigError, closest
 from .kernels import SPECIAL_KERNELS
 
@@ -56,24 +57,6 @@ DISPLAY_OPS: tuple[str, ...] = ("masked_select", "view_as_real")
 beyond the Core ATen set; in the default set so that ``print(t)`` works on the sim."""
 
 
-def _all_aten_names() -> list[str]:
-    return [n for n in torch._C._dispatch_get_all_op_names() if n.startswith("aten::")]
-
-
-@functools.lru_cache(maxsize=1)
-def _overloads_by_packet() -> dict[str, tuple[str, ...]]:
-    """Operator name (``"add"``) -> its fully qualified overload names."""
-    table: dict[str, list[str]] = {}
-    for name in _all_aten_names():
-        table.setdefault(name[len("aten::"):].partition(".")[0], []).append(name)
-    return {k: tuple(sorted(v)) for k, v in table.items()}
-
-
-def _overload(name: str) -> torch._ops.OpOverload:
-    packet, _, overload = name[len("aten::"):].partition(".")
-    return getattr(getattr(torch.ops.aten, packet), overload or "default")
-
-
 @functools.lru_cache(maxsize=None)
 def can_run_natively(name: str) -> bool:
     """Whether overload ``name`` can get a sim kernel.
@@ -91,40 +74,39 @@ def can_run_natively(name: str) -> bool:
     """
     if name in SPECIAL_KERNELS:
         return True
-    has = torch._C._dispatch_has_kernel_for_dispatch_key
-    if has(name, "CompositeImplicitAutograd"):
+    if is_implicit(name):
         return False
-    if has(name, "CompositeExplicitAutograd") and _is_view(name):
+    if has_kernel(name, "CompositeExplicitAutograd") and _is_view(name):
         return False
-    if not torch._C._dispatch_has_computed_kernel_for_dispatch_key(name, "CPU"):
+    if not has_computed_kernel(name, "CPU"):
         return False
     functional = _functional_of_generated_out(name)
-    return functional is None or torch._C._dispatch_has_computed_kernel_for_dispatch_key(
+    return functional is None or has_computed_kernel(
         functional, "CPU")
 
 
 def _functional_of_generated_out(name: str) -> str | None:
     """For an ``.out`` overload that only has PyTorch's generated composite kernel (which calls
     the functional overload and copies), the functional overload's name; else None."""
-    packet, _, overload = name.partition(".")
-    if not overload.endswith("out") or torch._C._dispatch_has_kernel_for_dispatch_key(name, "CPU"):
+    packet, _, suffix = name.partition(".")
+    if not suffix.endswith("out") or has_kernel(name, "CPU"):
         return None
-    base = overload[:-len("out")].rstrip("_")
+    base = suffix[:-len("out")].rstrip("_")
     functional = f"{packet}.{base}" if base else packet
-    known = _overloads_by_packet().get(packet[len("aten::"):], ())
+    known = overloads_by_packet().get(packet[len("aten::"):], ())
     return functional if functional in known else None
 
 
 def _is_view(name: str) -> bool:
-    returns = _overload(name)._schema.returns
+    returns = overload(name)._schema.returns
     return any(r.alias_info is not None and not r.alias_info.is_write for r in returns)
 
 
 def _core_overloads() -> set[str]:
     names = set()
-    for packet, overloads in _overloads_by_packet().items():
+    for packet, overloads in overloads_by_packet().items():
         try:
-            tagged = any(torch.Tag.core in _overload(n).tags for n in overloads)
+            tagged = any(torch.Tag.core in overload(n).tags for n in overloads)
         except AttributeError:
             continue
         if tagged:
@@ -163,7 +145,7 @@ def resolve_aten_name(name: str) -> tuple[str, ...]:
     if "::" in bare or not bare:
         raise ConfigError(f"unknown ATen operator {raw!r}: only aten:: operators can be native")
     packet, dot, overload = bare.partition(".")
-    table = _overloads_by_packet()
+    table = overloads_by_packet()
     if packet not in table:
         raise ConfigError(f"unknown ATen operator {raw!r}.{_hint(packet, table)}")
     if not dot:
@@ -183,7 +165,7 @@ def resolve_exact(name: str) -> tuple[str, ...]:
     ``"aten::relu"``, as :func:`parse_native_ops` returns them), else what
     :func:`resolve_aten_name` makes of it."""
     packet = name[len("aten::"):].partition(".")[0] if name.startswith("aten::") else None
-    if packet is not None and name in _overloads_by_packet().get(packet, ()):
+    if packet is not None and name in overloads_by_packet().get(packet, ()):
         return (name,)
     return resolve_aten_name(name)
 

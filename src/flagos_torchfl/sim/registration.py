@@ -10,15 +10,12 @@ from typing import Iterable
 import torch
 import torch.serialization
 
+from ..aten.dispatcher import has_backend_fallback
 from ..errors import BackendUnavailableError, PrivateUse1ClaimedError
 from . import device as device_module
 from . import kernels, runtime, tensors, torch_patches
 
 _UNCLAIMED = "privateuseone"
-_KNOWN_VENDORS = {
-    "npu": "torch_npu", "mlu": "torch_mlu", "musa": "torch_musa", "gcu": "torch_gcu",
-    "dipu": "torch_dipu", "xpu": "intel_extension_for_pytorch", "hpu": "habana_frameworks",
-}
 
 _keep_alive: list[object] = []
 
@@ -59,14 +56,13 @@ def missing_torch_features() -> list[str]:
 
 
 def _vendor_of(name: str) -> str | None:
+    """The package that registered device type ``name``: the top package of its device module
+    (``torch.npu`` is ``torch_npu.npu``), else a loaded ``torch_<name>`` plugin."""
     module = getattr(torch, name, None)
     root = getattr(module, "__name__", "").split(".")[0]
     if root and root != "torch":
         return root
-    for candidate in (_KNOWN_VENDORS.get(name), f"torch_{name}"):
-        if candidate and candidate in sys.modules:
-            return candidate
-    return None
+    return f"torch_{name}" if f"torch_{name}" in sys.modules else None
 
 
 def current_owner() -> str | None:
@@ -82,7 +78,7 @@ def current_owner() -> str | None:
         return f"backend {name!r}" + (f" (registered by {vendor})" if vendor else "")
     if getattr(torch, _UNCLAIMED, None) is not None:
         return f"an unnamed PrivateUse1 backend with device module {getattr(torch, _UNCLAIMED)!r}"
-    if torch._C._dispatch_has_backend_fallback(torch._C.DispatchKey.PrivateUse1):
+    if has_backend_fallback("PrivateUse1"):
         return "an unnamed PrivateUse1 backend that registered a backend fallback"
     return None
 
@@ -131,8 +127,7 @@ def _autocast_fallthrough() -> torch.library.Library | None:
     """Let operators pass through the AutocastPrivateUse1 key, as C++ backends do: without it,
     every operator under ``torch.autocast("sim")`` fails. Casting rules (per-operator kernels on
     that key) stay free for others to register."""
-    key = torch._C.DispatchKey.AutocastPrivateUse1
-    if torch._C._dispatch_has_backend_fallback(key):
+    if has_backend_fallback("AutocastPrivateUse1"):
         return None
     library = torch.library.Library("_", "IMPL")
     library.fallback(torch.library.fallthrough_kernel, "AutocastPrivateUse1")

@@ -15,9 +15,7 @@ from importlib import resources
 from typing import Callable, Dict, FrozenSet, Iterable, List, Tuple
 
 from ..errors import ConfigError, closest
-
-PREFIX = "aten::"
-
+from .dispatcher import PREFIX, needs_backend_kernel, overloads_by_packet
 
 def _normalise(name: str) -> str:
     return re.sub(r"[\s_\-]", "", name).lower()
@@ -28,18 +26,6 @@ def table() -> dict:
     """The parsed data file: ``{"categories": {...}, "names": {...}}``."""
     text = resources.files("flagos_torchfl").joinpath("data/op_names.json").read_text("utf-8")
     return json.loads(text)
-
-
-@functools.lru_cache(maxsize=1)
-def overloads_by_packet() -> Dict[str, Tuple[str, ...]]:
-    """``"add"`` -> every overload of ``aten::add`` this torch has, fully qualified."""
-    import torch
-
-    packets: Dict[str, List[str]] = {}
-    for name in torch._C._dispatch_get_all_op_names():
-        if name.startswith(PREFIX):
-            packets.setdefault(name[len(PREFIX):].partition(".")[0], []).append(name)
-    return {k: tuple(sorted(v)) for k, v in packets.items()}
 
 
 def aten_overloads(entry: str) -> Tuple[str, ...]:
@@ -98,8 +84,6 @@ def _expand(targets: Iterable[str]) -> FrozenSet[str]:
 def _kernel_name(raw: str) -> bool:
     """True when ``raw`` spells an ATen operator with overloads that reach backends: such a
     name means that operator, not a semantic name spelt alike (``add``, ``tanh``, ``sort``)."""
-    from .coverage import needs_backend_kernel
-
     return any(needs_backend_kernel(o) for o in aten_overloads(raw))
 
 

@@ -1,0 +1,89 @@
+"""Questions to PyTorch's dispatcher about ATen operators and a dispatch key: which overloads
+exist, which a key has natively, which decompose before any backend sees them, which need a
+backend kernel. Answers are read at run time, never kept as constants."""
+from __future__ import annotations
+
+import functools
+from typing import Dict, FrozenSet, Iterable, Tuple
+
+import torch
+
+PREFIX = "aten::"
+_has = torch._C._dispatch_has_kernel_for_dispatch_key
+
+
+@functools.lru_cache(maxsize=None)
+def all_aten() -> Tuple[str, ...]:
+    """Every ATen overload this torch has, by dispatcher name (``"aten::add.Tensor"``,
+    ``"aten::relu"`` for a default overload)."""
+    return tuple(sorted(n for n in torch._C._dispatch_get_all_op_names() if n.startswith(PREFIX)))
+
+
+@functools.lru_cache(maxsize=1)
+def overloads_by_packet() -> Dict[str, Tuple[str, ...]]:
+    """``"add"`` -> every overload of ``aten::add`` this torch has, fully qualified."""
+    packets: Dict[str, list] = {}
+    for name in all_aten():
+        packets.setdefault(name[len(PREFIX):].partition(".")[0], []).append(name)
+    return {k: tuple(sorted(v)) for k, v in packets.items()}
+
+
+def overload(name: str) -> torch._ops.OpOverload:
+    """The OpOverload for a dispatcher name (``"aten::add.Tensor"``, ``"aten::relu"``)."""
+    namespace, _, rest = name.partition("::")
+    packet, _, overload_name = rest.partition(".")
+    return getattr(getattr(getattr(torch.ops, namespace), packet), overload_name or "default")
+
+
+def native_set(dispatch_key: str) -> FrozenSet[str]:
+    """ATen overloads with a kernel registered for ``dispatch_key`` right now."""
+    return frozenset(name for name in all_aten() if _has(name, dispatch_key))
+
+
+def has_kernel(name: str, dispatch_key: str) -> bool:
+    """Whether overload ``name`` has a kernel registered for ``dispatch_key``."""
+    return _has(name, dispatch_key)
+
+
+def has_computed_kernel(name: str, dispatch_key: str) -> bool:
+    """Whether a call of ``name`` on ``dispatch_key`` finds a kernel (its own, or one of the
+    composite kernels that serve every backend)."""
+    return torch._C._dispatch_has_computed_kernel_for_dispatch_key(name, dispatch_key)
+
+
+def is_implicit(name: str) -> bool:
+    """True for CompositeImplicitAutograd overloads: they decompose before reaching any backend
+    (a backend kernel for one would hide the decomposition from autograd)."""
+    return _has(name, "CompositeImplicitAutograd")
+
+
+def is_explicit_composite(name: str) -> bool:
+    """True when a CompositeExplicitAutograd(NonFunctional) kernel serves every backend."""
+    return _has(name, "CompositeExplicitAutograd") or _has(name, "CompositeExplicitAutogradNonFunctional")
+
+
+@functools.lru_cache(maxsize=1)
+def stub_composites() -> FrozenSet[str]:
+    """Overloads whose composite kernel only raises ("..._overrideable": PrivateUse1's
+    convolution and fused attention arrive under these names)."""
+    return frozenset(n for n in all_aten() if "_overrideable" in n)
+
+
+def needs_backend_kernel(name: str) -> bool:
+    """True when a call of ``name`` reaches the backend's own kernel (or its fallback)."""
+    if is_implicit(name):
+        return False
+    if name in stub_composites():
+        return True
+    return not is_explicit_composite(name)
+
+
+def routable(native: Iterable[str]) -> Tuple[str, ...]:
+    """Overloads that reach the backend and are not in ``native``: what routing serves."""
+    have = frozenset(native)
+    return tuple(n for n in all_aten() if n not in have and needs_backend_kernel(n))
+
+
+def has_backend_fallback(dispatch_key: str) -> bool:
+    """True when something (a vendor plugin, or this package) holds the key's one fallback."""
+    return torch._C._dispatch_has_backend_fallback(getattr(torch._C.DispatchKey, dispatch_key))

@@ -1,0 +1,268 @@
+"""The host as a device: the device module the ``cpu`` backend presents where CUDA code expects
+one (``torch.cuda.*`` answered on the host), with the honest equivalents of what the host lacks:
+device properties without a compute capability, events that record host time, streams that run
+work inline, host memory figures, and the one CPU random generator for every logical device.
+
+Its streams and events also stand in on any backend whose device module has none."""
+from __future__ import annotations
+
+import dataclasses
+import os
+import platform
+import threading
+import time
+from typing import Any, Optional, Tuple
+
+import torch
+
+#: per-thread stack of current streams (``torch.cuda.stream(s)`` blocks)
+stream_state = threading.local()
+
+
+@dataclasses.dataclass(frozen=True)
+class DeviceProperties:
+    """``torch.cuda.get_device_properties`` where the backend has none: no compute
+    capability (major=minor=0, so capability-gated CUDA kernels stay off), no GPU architecture
+    (``gcnArchName`` empty: torch's inductor reads it to key its cache)."""
+
+    name: str
+    total_memory: int
+    multi_processor_count: int
+    major: int = 0
+    minor: int = 0
+    is_integrated: bool = True
+    is_multi_gpu_board: bool = False
+    gcnArchName: str = ""
+    uuid: str = ""
+    L2_cache_size: int = 0
+    warp_size: int = 1
+
+
+class HostEvent:
+    """``torch.cuda.Event`` on a device without events: work has already run when ``record``
+    is called, so an event is a host timestamp; ``elapsed_time`` is in milliseconds."""
+
+    def __init__(self, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False, **_):
+        self.enable_timing = enable_timing
+        self._time: Optional[float] = None
+
+    def record(self, stream: Any = None) -> None:
+        self._time = time.perf_counter()
+
+    def elapsed_time(self, end_event: "HostEvent") -> float:
+        if not (self.enable_timing and end_event.enable_timing):
+            raise ValueError("Both events must be created with argument 'enable_timing=True'")
+        if self._time is None or end_event._time is None:
+            raise RuntimeError("Both events must be recorded before calculating elapsed time")
+        return (end_event._time - self._time) * 1000.0
+
+    def query(self) -> bool:
+        return True
+
+    def synchronize(self) -> None:
+        """Nothing to wait for: host work is complete when it returns."""
+
+    def wait(self, stream: Any = None) -> None:
+        """Nothing to wait for."""
+
+
+class InlineStream:
+    """``torch.cuda.Stream`` on a device without streams: work runs inline, in order, so
+    every query is True and every wait returns at once."""
+
+    def __init__(self, device: Any = None, priority: int = 0, **_):
+        self.device = device
+        self.priority = priority
+
+    def query(self) -> bool:
+        return True
+
+    def synchronize(self) -> None:
+        """Nothing to wait for."""
+
+    def wait_event(self, event: Any) -> None:
+        """Nothing to wait for."""
+
+    def wait_stream(self, stream: Any) -> None:
+        """Nothing to wait for."""
+
+    def record_event(self, event: Optional[HostEvent] = None) -> HostEvent:
+        event = event if event is not None else HostEvent()
+        event.record(self)
+        return event
+
+    def __repr__(self) -> str:
+        return f"<InlineStream device={self.device}>"
+
+
+def host_memory_info() -> tuple:
+    """(available, total) host memory in bytes from /proc/meminfo (sysconf elsewhere)."""
+    try:
+        values = {}
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                key, _, rest = line.partition(":")
+                values[key] = int(rest.split()[0]) * 1024
+        return values["MemAvailable"], values["MemTotal"]
+    except (OSError, KeyError, ValueError, IndexError):
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        free = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
+        return free, total
+
+
+class InlineStreamContext:
+    """``torch.cuda.stream(s)`` / ``torch.cuda.StreamContext(s)`` on a device without streams:
+    makes ``s`` this thread's current stream inside the block (None: no change)."""
+
+    def __init__(self, stream: Any):
+        self.stream = stream
+
+    def __enter__(self) -> Any:
+        if self.stream is not None:
+            stack = getattr(stream_state, "streams", None)
+            if stack is None:
+                stack = stream_state.streams = []
+            stack.append(self.stream)
+        return self.stream
+
+    def __exit__(self, *exc: Any) -> bool:
+        if self.stream is not None:
+            stream_state.streams.pop()
+        return False
+
+
+def cpu_name() -> str:
+    """The processor's model name (``/proc/cpuinfo``), else what ``platform`` says."""
+    try:
+        with open("/proc/cpuinfo") as fh:
+            for line in fh:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "CPU"
+
+
+def host_memory() -> Optional[int]:
+    """Total host memory in bytes, or None where the OS does not say."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+class HostStream(InlineStream):
+    """An inline stream of the host (its device is ``cpu`` whatever index it is given)."""
+
+    def __init__(self, device: Any = None, priority: int = 0, **_):
+        super().__init__(torch.device("cpu"), priority)
+
+
+class HostRuntime:
+    """``torch.cuda``'s device functions answered by the host. Device indices are the cpu
+    backend's logical devices (all the same host); the caller checks them."""
+
+    Stream = HostStream
+    Event = HostEvent
+    StreamContext = InlineStreamContext
+
+    def __init__(self) -> None:
+        self._default_streams: dict = {}
+
+    # devices
+    def set_device(self, index: Any) -> None:
+        """Nothing to switch: every logical device is the host."""
+
+    def get_device_name(self, index: Any = None) -> str:
+        return cpu_name()
+
+    def get_device_properties(self, index: Any = None) -> DeviceProperties:
+        """The host's name, memory and core count, and no compute capability."""
+        return DeviceProperties(name=cpu_name(), total_memory=host_memory() or host_memory_info()[1],
+                                multi_processor_count=os.cpu_count() or 1)
+
+    def get_device_capability(self, index: Any = None) -> Tuple[int, int]:
+        """(0, 0): no CUDA compute capability, so capability-gated code takes its portable path."""
+        return (0, 0)
+
+    def is_bf16_supported(self, including_emulation: bool = True) -> bool:
+        return True
+
+    def synchronize(self, index: Any = None) -> None:
+        """Nothing to wait for: host work is complete when it returns."""
+
+    def ipc_collect(self) -> None:
+        """The host has no IPC handles to collect."""
+
+    # streams
+    def default_stream(self, index: int = 0) -> HostStream:
+        if index not in self._default_streams:
+            self._default_streams[index] = HostStream()
+        return self._default_streams[index]
+
+    def current_stream(self, index: int = 0) -> Any:
+        """The stream of the innermost ``torch.cuda.stream(...)`` block, else the default one."""
+        stack = getattr(stream_state, "streams", None)
+        return stack[-1] if stack else self.default_stream(index)
+
+    def set_stream(self, stream: Any) -> None:
+        if stream is not None:
+            stream_state.streams = [stream]
+
+    def stream(self, stream: Any) -> InlineStreamContext:
+        return InlineStreamContext(stream)
+
+    # memory: the host keeps no allocator statistics
+    def memory_allocated(self, index: Any = None) -> int:
+        return 0
+
+    memory_reserved = max_memory_allocated = max_memory_reserved = memory_allocated
+
+    def reset_peak_memory_stats(self, index: Any = None) -> None:
+        """Nothing to reset."""
+
+    reset_accumulated_memory_stats = reset_peak_memory_stats
+
+    def memory_stats(self, index: Any = None) -> dict:
+        return {}
+
+    def memory_snapshot(self, *args: Any, **kwargs: Any) -> list:
+        return []
+
+    def memory_summary(self, index: Any = None, abbreviated: bool = False) -> str:
+        return f"host device {index if index is not None else 0}: the host CPU keeps no allocator statistics\n"
+
+    def empty_cache(self) -> None:
+        """The host has no device cache."""
+
+    def mem_get_info(self, index: Any = None) -> tuple:
+        """(MemAvailable, MemTotal) of the host."""
+        return host_memory_info()
+
+    # random numbers: one CPU generator for every logical device
+    class _Generators:
+        """``default_generators[i]``: the CPU generator, whatever the logical device."""
+
+        def __getitem__(self, index: int) -> torch.Generator:
+            return torch.default_generator
+
+    default_generators = _Generators()
+
+    def manual_seed(self, seed: int) -> None:
+        torch.default_generator.manual_seed(int(seed))
+
+    manual_seed_all = manual_seed
+
+    def seed(self) -> None:
+        torch.default_generator.seed()
+
+    seed_all = seed
+
+    def initial_seed(self) -> int:
+        return torch.default_generator.initial_seed()
+
+    def get_rng_state(self, index: Any = None) -> torch.Tensor:
+        return torch.default_generator.get_state()
+
+    def set_rng_state(self, new_state: torch.Tensor, index: Any = None) -> None:
+        torch.default_generator.set_state(new_state.cpu())

@@ -1,0 +1,417 @@
+"""The answers of ``torch.cuda.*`` for one :class:`~.devices.Target` (see :mod:`.cuda_api` for
+how the facade is put in front of the real module).
+
+Every answer comes from the chip's device module (``Backend.device_module``: ``torch.npu``,
+``torch.sim``, the host runtime of the cpu backend); where a module lacks a function the answer
+is the honest equivalent, documented per function. Device arguments are logical (``cuda:i`` /
+``i``) and reach the module as the physical index ``target.devices[i]``.
+"""
+from __future__ import annotations
+
+import contextlib
+import types
+from typing import Any, Dict
+
+import torch
+
+from ..backends.host import DeviceProperties, HostRuntime
+from .devices import Target
+from .standins import DENIED_PRIVATE, Namespace, alias_class, unserved
+
+#: the legacy ``torch.cuda.<X>Tensor`` types and their dtypes (torch's own CPU tensor types)
+LEGACY_TYPES = {c.__name__: c.dtype for c in torch._tensor_classes if c.__module__ == "torch"}
+_INLINE_STREAMS = HostRuntime()
+#: what :meth:`CudaFacade.lookup` returns for a name the real ``torch.cuda`` answers
+PASS = object()
+
+
+def _legacy_type(name: str, dtype: torch.dtype, target: Target) -> type:
+    """``torch.cuda.<name>``: constructs like ``torch.<name>`` and moves to the target;
+    ``isinstance`` is True for tensors of that dtype on the backend's device."""
+    cpu_type = getattr(torch, name)
+
+    class _Meta(type):
+        def __instancecheck__(cls, obj):
+            return isinstance(obj, torch.Tensor) and obj.dtype == dtype and obj.device.type == target.device_type
+
+    def __new__(cls, *args, **kwargs):
+        return cpu_type(*args, **kwargs).to(target.translate("cuda"))
+
+    return _Meta(name, (), {"__new__": __new__, "dtype": dtype, "__module__": "torch.cuda"})
+
+
+class CudaFacade:
+    """The answers of ``torch.cuda.*`` for one :class:`Target`. On a CUDA backend (only reached
+    when ``gpu_ids`` renumbers devices) just the index-taking functions are served; everything
+    else is the real ``torch.cuda``."""
+
+    def __init__(self, target: Target, cuda_module: types.ModuleType):
+        self.t = target
+        self._cuda = cuda_module
+        self._table = self.served()
+
+    # -------------------------------------------------------------- plumbing
+    def _mod(self, name: str) -> Any:
+        """The backend module's attribute ``name`` (None when it has none). On a CUDA backend
+        this reads the real ``torch.cuda`` past the facade."""
+        module = self.t.module
+        try:
+            if isinstance(module, types.ModuleType):
+                return types.ModuleType.__getattribute__(module, name)
+            return getattr(module, name)
+        except AttributeError:
+            return None
+
+    def _phys(self, device: Any = None) -> int:
+        return self.t.physical(self.t.logical_index(device))
+
+    def lookup(self, name: str) -> Any:
+        """The value of ``torch.cuda.<name>`` (or ``PASS`` for the real module's)."""
+        found = self._table.get(name, PASS)
+        if found is not PASS:
+            return found
+        if self.t.native or (name.startswith("_") and name not in DENIED_PRIVATE):
+            return PASS
+        if not name.startswith("_"):
+            delegate = self._mod(name)
+            if delegate is not None:
+                return delegate
+        stand_in = self._table[name] = unserved(name, self.t)
+        return stand_in
+
+    # -------------------------------------------------------------- the table
+    def served(self) -> Dict[str, Any]:
+        """Every served ``torch.cuda`` name and its answer."""
+        f = self
+        table: Dict[str, Any] = {
+            "device_count": f.device_count, "current_device": f.current_device,
+            "set_device": f.set_device, "device": f.device_context_class(),
+            "device_of": f.device_of, "get_device_name": f.get_device_name,
+            "get_device_properties": f.get_device_properties,
+            "get_device_capability": f.get_device_capability, "synchronize": f.synchronize,
+            "Stream": f.stream_class(), "Event": f.event_class(),
+            "current_stream": f.current_stream, "default_stream": f.default_stream,
+            "stream": f.stream, "set_stream": f.set_stream,
+            "memory_allocated": f.memory_allocated, "memory_reserved": f.memory_reserved,
+            "max_memory_allocated": f.max_memory_allocated,
+            "max_memory_reserved": f.max_memory_reserved,
+            "memory_cached": f.memory_reserved, "max_memory_cached": f.max_memory_reserved,
+            "reset_peak_memory_stats": f.reset_peak_memory_stats,
+            "reset_max_memory_allocated": f.reset_peak_memory_stats,
+            "reset_max_memory_cached": f.reset_peak_memory_stats,
+            "reset_accumulated_memory_stats": f.reset_accumulated_memory_stats,
+            "empty_cache": f.empty_cache, "mem_get_info": f.mem_get_info,
+            "memory_stats": f.memory_stats, "memory_stats_as_nested_dict": f.memory_stats,
+            "memory_summary": f.memory_summary, "memory_snapshot": f.memory_snapshot,
+            "manual_seed": f.manual_seed, "manual_seed_all": f.manual_seed_all,
+            "seed": f.seed, "seed_all": f.seed_all, "initial_seed": f.initial_seed,
+            "get_rng_state": f.get_rng_state, "set_rng_state": f.set_rng_state,
+            "get_rng_state_all": f.get_rng_state_all, "set_rng_state_all": f.set_rng_state_all,
+        }
+        if self.t.native:
+            return table
+        memory_names = [n for n in torch.cuda.memory.__all__ if n in table]
+        random_names = [n for n in torch.cuda.random.__all__ if n in table]
+        table.update({
+            "is_available": lambda: True,
+            "is_initialized": lambda: True,
+            "init": lambda: None,
+            "is_bf16_supported": f.is_bf16_supported,
+            "is_current_stream_capturing": lambda: False,
+            "ipc_collect": f.ipc_collect,
+            "OutOfMemoryError": torch.OutOfMemoryError,
+            "StreamContext": f.stream_context_class(),
+            "default_generators": f.default_generators(),
+            "amp": self._cuda.amp,
+            "nvtx": f.nvtx_namespace(),
+            "memory": Namespace("torch.cuda.memory", {n: table[n] for n in memory_names},
+                                getattr(self._cuda, "memory", None), self.t),
+            "random": Namespace("torch.cuda.random", {n: table[n] for n in random_names},
+                                getattr(self._cuda, "random", None), self.t),
+        })
+        for name, dtype in LEGACY_TYPES.items():
+            table[name] = _legacy_type(name, dtype, self.t)
+        return table
+
+    # -------------------------------------------------------------- devices
+    def device_count(self) -> int:
+        """The number of logical devices (the selection's devices)."""
+        return self.t.count
+
+    def current_device(self) -> int:
+        """The logical current device of this thread."""
+        return self.t.current
+
+    def set_device(self, device: Any) -> None:
+        """Make logical ``device`` current (and its physical device, for the backend)."""
+        if isinstance(device, int) and device < 0:
+            return
+        logical = self.t.logical_index(device)
+        self.t.current = logical
+        setter = self._mod("set_device")
+        if setter is not None:
+            setter(self.t.physical(logical))
+
+    def device_context_class(self) -> type:
+        """``torch.cuda.device(i)``: makes logical ``i`` current inside the block (-1/None: no-op)."""
+        facade = self
+
+        class device:
+            def __init__(self, device: Any):
+                none = device is None or (isinstance(device, int) and device < 0)
+                self.idx = None if none else facade.t.logical_index(device)
+                self.prev_idx = -1
+
+            def __enter__(self):
+                if self.idx is not None:
+                    self.prev_idx = facade.t.current
+                    facade.set_device(self.idx)
+                return self
+
+            def __exit__(self, *exc):
+                if self.idx is not None:
+                    facade.set_device(self.prev_idx)
+                return False
+
+        device.__module__ = "torch.cuda"
+        return device
+
+    def device_of(self, obj: Any) -> Any:
+        """``torch.cuda.device_of(tensor)``: the device context of a tensor on the backend."""
+        context = self._table["device"]
+        if isinstance(obj, torch.Tensor) and obj.device.type == self.t.device_type:
+            return context(self.t.logical_index(obj.device))
+        return context(None)
+
+    def get_device_name(self, device: Any = None) -> str:
+        """The name the backend reports for the device (else the probe's)."""
+        logical = self.t.logical_index(device)
+        getter = self._mod("get_device_name")
+        if getter is not None:
+            return getter(self.t.physical(logical))
+        return self.t.device_names[logical]
+
+    def get_device_properties(self, device: Any = None) -> Any:
+        """The backend's device properties; where its module has none, the probe's name and
+        memory and no compute capability."""
+        logical = self.t.logical_index(device)
+        getter = self._mod("get_device_properties")
+        if getter is not None:
+            return getter(self.t.physical(logical))
+        memory = self.t.device_memory[logical] if logical < len(self.t.device_memory) else None
+        return DeviceProperties(name=self.t.device_names[logical], total_memory=memory or 0,
+                                multi_processor_count=1)
+
+    def get_device_capability(self, device: Any = None) -> tuple:
+        """The backend's capability if it has the notion, else (0, 0): no CUDA compute
+        capability, so code gated on ``>= (8, 0)`` takes its portable path."""
+        getter = self._mod("get_device_capability")
+        if getter is not None:
+            answer = getter(self._phys(device))
+            if answer is not None:
+                return tuple(answer)
+        self.t.logical_index(device)
+        return (0, 0)
+
+    def is_bf16_supported(self, including_emulation: bool = True) -> bool:
+        """The backend's answer, else whether it declares bfloat16 its low-precision dtype."""
+        check = self._mod("is_bf16_supported")
+        if check is not None:
+            return bool(check())
+        return self.t.low_precision_dtype == torch.bfloat16
+
+    def synchronize(self, device: Any = None) -> None:
+        """Wait for the backend's device (the host CPU has nothing to wait for)."""
+        phys = self._phys(device)
+        sync = self._mod("synchronize")
+        if sync is not None:
+            sync(phys)
+
+    def ipc_collect(self) -> None:
+        """The backend's ``ipc_collect`` if any; the host has no IPC handles to collect."""
+        collect = self._mod("ipc_collect")
+        if collect is not None:
+            collect()
+
+    # -------------------------------------------------------------- streams and events
+    def _streams(self) -> Any:
+        """What answers the stream functions: the device module, or inline host streams
+        (:class:`~flagos_torchfl.backends.host.HostRuntime`) where the module has none."""
+        return self.t.module if self._mod("Stream") is not None else _INLINE_STREAMS
+
+    def stream_class(self) -> Any:
+        """The backend's Stream class, constructed with a logical ``device=``."""
+        real = self._streams().Stream
+        facade = self
+
+        def make(device: Any = None, priority: int = 0, **kwargs: Any) -> Any:
+            return real(device=facade._phys(device), priority=priority, **kwargs)
+
+        return alias_class(real, make)
+
+    def event_class(self) -> Any:
+        """The backend's Event class (host-time events where it has none)."""
+        return self._streams().Event
+
+    def stream_context_class(self) -> Any:
+        """The backend's StreamContext (an unserved stand-in where it has streams but no
+        StreamContext)."""
+        return getattr(self._streams(), "StreamContext", None) or unserved("StreamContext", self.t)
+
+    def default_stream(self, device: Any = None) -> Any:
+        """The default stream of the device."""
+        return self._streams().default_stream(self._phys(device))
+
+    def current_stream(self, device: Any = None) -> Any:
+        """The current stream of the device (inline streams: the stream of the innermost
+        ``torch.cuda.stream(...)`` block of this thread, else the default one)."""
+        return self._streams().current_stream(self._phys(device))
+
+    def set_stream(self, stream: Any) -> None:
+        """Make ``stream`` current."""
+        self._streams().set_stream(stream)
+
+    def stream(self, stream: Any) -> Any:
+        """``with torch.cuda.stream(s):`` — the backend's context (inline streams: ``s`` is
+        current for the block; work inside still runs inline)."""
+        return self._streams().stream(stream)
+
+    # -------------------------------------------------------------- memory
+    def _memory(self, name: str, device: Any, default: Any) -> Any:
+        fn = self._mod(name)
+        if fn is None:
+            self.t.logical_index(device)
+            return default
+        return fn(self._phys(device))
+
+    def memory_allocated(self, device: Any = None) -> int:
+        """The backend's count; 0 on the CPU (no device allocator, nothing held for a device)."""
+        return self._memory("memory_allocated", device, 0)
+
+    def memory_reserved(self, device: Any = None) -> int:
+        """The backend's count; 0 on the CPU."""
+        return self._memory("memory_reserved", device, 0)
+
+    def max_memory_allocated(self, device: Any = None) -> int:
+        """The backend's peak; 0 on the CPU."""
+        return self._memory("max_memory_allocated", device, 0)
+
+    def max_memory_reserved(self, device: Any = None) -> int:
+        """The backend's peak; 0 on the CPU."""
+        return self._memory("max_memory_reserved", device, 0)
+
+    def reset_peak_memory_stats(self, device: Any = None) -> None:
+        """The backend's reset; nothing to reset on the CPU."""
+        return self._memory("reset_peak_memory_stats", device, None)
+
+    def reset_accumulated_memory_stats(self, device: Any = None) -> None:
+        """The backend's reset; nothing to reset on the CPU."""
+        return self._memory("reset_accumulated_memory_stats", device, None)
+
+    def memory_stats(self, device: Any = None) -> dict:
+        """The backend's statistics; an empty dict on the CPU."""
+        return self._memory("memory_stats", device, {})
+
+    def memory_snapshot(self, *args: Any, **kwargs: Any) -> list:
+        """The backend's snapshot; an empty list on the CPU."""
+        fn = self._mod("memory_snapshot")
+        return fn(*args, **kwargs) if fn is not None else []
+
+    def memory_summary(self, device: Any = None, abbreviated: bool = False) -> str:
+        """The backend's summary (a line saying there are no allocator statistics where its
+        module has none)."""
+        fn = self._mod("memory_summary")
+        if fn is not None:
+            return fn(self._phys(device), abbreviated)
+        logical = self.t.logical_index(device)
+        return f"backend {self.t.backend!r} (cuda:{logical}): no allocator statistics\n"
+
+    def empty_cache(self) -> None:
+        """The backend's ``empty_cache``; the host has no device cache."""
+        fn = self._mod("empty_cache")
+        if fn is not None:
+            fn()
+
+    def mem_get_info(self, device: Any = None) -> tuple:
+        """(free, total) bytes of the device (on the cpu backend, of host memory)."""
+        fn = self._mod("mem_get_info")
+        if fn is None:
+            raise unserved("mem_get_info", self.t)._error()
+        return tuple(fn(self._phys(device)))
+
+    # -------------------------------------------------------------- random numbers
+    def default_generators(self) -> Any:
+        """One generator per logical device; an unserved stand-in where the device module
+        exposes no generators."""
+        generators = self._mod("default_generators")
+        if generators is None:
+            return unserved("default_generators", self.t)
+        return tuple(generators[p] for p in self.t.devices)
+
+    def manual_seed(self, seed: int) -> None:
+        """Seed the current device's generator."""
+        self.set_device(self.t.current)
+        self._mod("manual_seed")(int(seed))
+
+    def manual_seed_all(self, seed: int) -> None:
+        """Seed every device's generator."""
+        self._mod("manual_seed_all")(int(seed))
+
+    def seed(self) -> None:
+        """Seed the current device's generator with a random number."""
+        self._mod("seed")()
+
+    def seed_all(self) -> None:
+        """Seed every device's generator with a random number."""
+        self._mod("seed_all")()
+
+    def initial_seed(self) -> int:
+        """The current device generator's initial seed."""
+        return self._mod("initial_seed")()
+
+    def get_rng_state(self, device: Any = "cuda") -> torch.Tensor:
+        """The generator state of ``device`` (a ByteTensor)."""
+        return self._mod("get_rng_state")(self._phys(device))
+
+    def set_rng_state(self, new_state: torch.Tensor, device: Any = "cuda") -> None:
+        """Restore the generator state of ``device``."""
+        self._mod("set_rng_state")(new_state, self._phys(device))
+
+    def get_rng_state_all(self) -> list:
+        """The generator states of every logical device."""
+        return [self.get_rng_state(i) for i in range(self.t.count)]
+
+    def set_rng_state_all(self, new_states: Any) -> None:
+        """Restore every logical device's generator state, in order."""
+        for logical, state in enumerate(new_states):
+            self.set_rng_state(state, logical)
+
+    # -------------------------------------------------------------- nvtx
+    def nvtx_namespace(self) -> Namespace:
+        """``torch.cuda.nvtx``: the backend's when it has one, else no-ops."""
+
+        def range_push(msg: str) -> int:
+            return 0
+
+        def range_pop() -> int:
+            return 0
+
+        def range_start(msg: str) -> int:
+            return 0
+
+        def range_end(range_id: int) -> None:
+            return None
+
+        def mark(msg: str) -> None:
+            return None
+
+        @contextlib.contextmanager
+        def range(msg: str, *args: Any, **kwargs: Any):
+            yield
+
+        served = dict(range_push=range_push, range_pop=range_pop, range_start=range_start,
+                      range_end=range_end, mark=mark, range=range)
+        own = self._mod("nvtx")
+        if own is not None:
+            served = {name: getattr(own, name, fn) for name, fn in served.items()}
+        return Namespace("torch.cuda.nvtx", served, None, self.t)
