@@ -1,10 +1,16 @@
 """Turn a vendor's published operator table into ``src/flagos_torchfl/data/chips/<chip>.json``.
 
-    python tools/chip_tables.py ascend torch_npu-2.14.0-....whl --package torch-npu --version 2.14.0
-    python tools/chip_tables.py cambricon mlu_functions.yaml --repository Cambricon/torch_mlu \\
-        --commit <sha> --ref r2.4_develop --path codegen/mlu_functions.yaml --date 2025-02-18
-    python tools/chip_tables.py mthreads musa_functions.yaml --repository MooreThreads/torch_musa \\
-        --commit <sha> --ref main --path torch_musa/csrc/aten/ops/musa_functions.yaml --date 2026-01-19
+The committed tables were written by (the two yaml files taken with ``git show COMMIT:PATH``):
+
+    pip download --no-deps torch-npu==2.14.0 -d /tmp/npu
+    python tools/chip_tables.py ascend /tmp/npu/torch_npu-2.14.0-cp311-cp311-manylinux_2_28_x86_64.whl \
+        --version 2.14.0
+    python tools/chip_tables.py cambricon mlu_functions.yaml --repository Cambricon/torch_mlu \
+        --ref r2.4_develop --commit 9e95f972d3bfda0a855f9500aec852664ceecb6a \
+        --path codegen/mlu_functions.yaml --date 2025-02-18
+    python tools/chip_tables.py mthreads musa_functions.yaml --repository MooreThreads/torch_musa \
+        --ref main --commit 8b583b3f2fd0d9d3d9e74b9ec588a25d8bed1a30 \
+        --path torch_musa/csrc/aten/ops/musa_functions.yaml --date 2026-01-19
 
 Sources (only operator names are taken from them):
 
