@@ -18,7 +18,9 @@ Sources (only operator names are taken from them):
   has the sections ``supported``, ``autograd``, ``symint`` (ATen kernels for NPU tensors),
   ``quant`` (kernels for quantized NPU tensors), ``nestedtensor`` (nested tensors), and ``custom``
   / ``custom_autograd`` (torch_npu's own operators, namespace ``npu``). A name from another section
-  that a custom section declares is a torch_npu operator, not an ATen one.
+  that a custom section declares is a torch_npu operator, not an ATen one. An entry's ``sparse:``
+  adds a kernel for sparse tensors; a mapping with ``sparse:`` but none of ``impl_ns``, ``op_api``,
+  ``device_check`` has only that one (torch_npu's codegen leaves it out of the dense registrations).
 - ``cambricon``: ``codegen/mlu_functions.yaml`` of Cambricon/torch_mlu. Sections ``aten``
   (ATen; ``dispatch:`` names the keys, default PrivateUse1), ``vision`` (``torchvision::``),
   ``audio`` (``torchaudio::``) and ``custom`` (``torch_mlu::``).
@@ -84,6 +86,7 @@ ASCEND_SECTIONS = {"supported": "dense", "autograd": "dense", "symint": "dense",
                    "quant": "quantized", "nestedtensor": "nested"}
 ASCEND_CUSTOM = ("custom", "custom_autograd")
 ASCEND_METADATA = ("backend", "cpp_namespace")
+ASCEND_DENSE_MARKS = {"impl_ns", "op_api", "device_check"}
 CAMBRICON_NAMESPACES = {"aten": "aten", "vision": "torchvision", "audio": "torchaudio",
                         "custom": "torch_mlu"}
 
@@ -174,8 +177,14 @@ def parse_ascend(text: str) -> Parsed:
             if name in custom:
                 parsed.add_vendor(f"npu::{name}")
             else:
-                parsed.add_aten(qualified(entry, section, "aten"), [kind])
+                parsed.add_aten(qualified(entry, section, "aten"), _ascend_kinds(entry, kind))
     return parsed
+
+
+def _ascend_kinds(entry, kind: str) -> set:
+    if not (isinstance(entry, dict) and "sparse" in entry):
+        return {kind}
+    return {kind, "sparse"} if ASCEND_DENSE_MARKS & set(entry) else {"sparse"}
 
 
 def dispatch_kinds(dispatch, where: str) -> set:

@@ -75,6 +75,7 @@ def test_ascend_facts():
     assert "aten::_scaled_dot_product_flash_attention" not in table.ops
     assert "aten::_scaled_dot_product_flash_attention" not in table.unknown
     assert table.only_for["aten::int_repr"] == ("quantized",)
+    assert table.only_for["aten::_coalesce"] == ("sparse",)
     assert "npu::npu_format_cast" in table.vendor_ops
     assert not any(op.startswith("aten::npu_") for op in table.ops | set(table.unknown))
 
@@ -100,6 +101,11 @@ supported:
   - func: mul.out(Tensor self, Tensor other, *, Tensor(a!) out) -> Tensor(a!)
   - made_up_op.Tensor
   - npu_thing
+  - func: _coalesce(Tensor self) -> Tensor
+    sparse: op_api
+  - func: max(Tensor self) -> Tensor
+    impl_ns: op_api
+    sparse: op_api
 symint:
   - func: embedding(Tensor weight, Tensor indices, SymInt padding_idx=-1) -> Tensor
   - relu
@@ -113,13 +119,15 @@ custom:
 def test_ascend_parser_reads_every_entry_form_and_keeps_unknown_names():
     parsed = chip_tables.parse_ascend(ASCEND_YAML)
     table = chip_tables.build_table("ascend", {"kind": "test"}, parsed, TORCH, KNOWN)
-    assert table["ops"] == ["aten::abs", "aten::add.Tensor", "aten::embedding", "aten::int_repr",
-                            "aten::mm", "aten::mul.out", "aten::relu", "aten::sub.Tensor"]
+    assert table["ops"] == ["aten::_coalesce", "aten::abs", "aten::add.Tensor", "aten::embedding",
+                            "aten::int_repr", "aten::max", "aten::mm", "aten::mul.out", "aten::relu",
+                            "aten::sub.Tensor"]
     assert table["unknown_to_torch"] == ["aten::made_up_op.Tensor"]
-    assert table["only_for"] == {"aten::int_repr": ["quantized"]}
+    assert table["only_for"] == {"aten::_coalesce": ["sparse"], "aten::int_repr": ["quantized"]}
+    assert parsed.aten["aten::max"] == {"dense", "sparse"}
     assert table["vendor_ops"] == ["npu::npu_thing"]
-    assert table["counts"] == {"entries": 12, "duplicates": 2, "ops": 8, "unknown_to_torch": 1,
-                               "only_for": 1, "vendor_ops": 1}
+    assert table["counts"] == {"entries": 14, "duplicates": 2, "ops": 10, "unknown_to_torch": 1,
+                               "only_for": 2, "vendor_ops": 1}
 
 
 def test_cambricon_parser_reads_sections_namespaces_and_dispatch():
