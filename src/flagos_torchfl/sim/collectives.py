@@ -42,11 +42,12 @@ Reductions: ``AVG`` runs as ``SUM`` followed by a division of the host result by
 ``PREMUL_SUM`` (NCCL only: gloo rejects it) is refused at the call with a clear error: the
 operator hands over the reduce op without its factor.
 
-Limits: ``monitored_barrier`` always runs on a CPU tensor (torch's ``ProcessGroup`` builds one),
-so it works through the ``cpu:gloo`` part of a ``"cpu:gloo,sim:NAME"`` group and not in a group
-with the sim backend alone, as with NCCL. Sparse all-reduce is refused (the sim has no sparse
-tensors). The replaced kernels serve the whole PrivateUse1 key, which is why :func:`register`
-refuses unless the sim holds it.
+Limits: ``monitored_barrier`` is refused by torch itself for any group whose backend is not
+plain ``"gloo"`` ("monitored_barrier is only implemented for GLOO backend"), so it is not
+available with these groups, as with NCCL. Sparse all-reduce is refused (the sim has no sparse
+tensors). A finite ``timeout`` passed to ``Work.wait`` is ignored: the group's timeout applies
+(gloo fails the collective, and the wait raises). The replaced kernels serve the whole
+PrivateUse1 key, which is why :func:`register` refuses unless the sim holds it.
 
 Every byte copied between a sim tensor and a host buffer is counted (:func:`stats`,
 :func:`bytes_staged`, :func:`reset`).
@@ -164,7 +165,9 @@ def _check_device_type(device_type: object) -> None:
 
 def _create_backend(common_opts: Any, backend_opts: Any) -> Any:
     """The backend torch asks for when a group names ours for the sim device: a gloo group of
-    its own on the store torch prefixed for this group and device (prefixed once more)."""
+    its own on the store torch prefixed for this group and device (prefixed once more), with
+    torch's timeout. ``backend_opts`` (the ``pg_options`` of ``init_process_group``, meant for
+    another library) is not used."""
     from torch.distributed import PrefixStore, ProcessGroupGloo
 
     store = PrefixStore("staged/", common_opts.store)
@@ -340,7 +343,8 @@ class _StagedWork(torch._C._distributed_c10d.Work if torch.distributed.is_availa
             _live.add(self)
 
     def wait(self, timeout: datetime.timedelta | None = None) -> bool:
-        """Block until the results are in the sim tensors; raise the collective's error."""
+        """Block until the results are in the sim tensors; raise the collective's error.
+        ``timeout`` is ignored: the group's timeout applies."""
         try:
             self._future.wait()
         finally:

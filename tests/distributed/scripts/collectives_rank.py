@@ -82,6 +82,9 @@ def collectives(device):
         dist.all_gather_into_tensor(b, data(device, 2, salt=7))
     cm.wait()
     out["all_gather_into_tensor.coalesced"] = [a, b]
+    lists = [[torch.empty(2, device=device), torch.empty(3, device=device)] for _ in range(WORLD)]
+    dist.all_gather_coalesced(lists, [data(device, 2, salt=26), data(device, 3, salt=27)])
+    out["all_gather_coalesced"] = lists
     for name in ("SUM", "AVG", "MAX"):
         o = torch.empty(3, device=device)
         dist.reduce_scatter(o, [data(device, 3, salt=8 + r) for r in range(WORLD)],
@@ -131,7 +134,8 @@ def collectives(device):
         t = r
     out["send_recv"] = t
     t = data(device, salt=23)
-    ops = [dist.P2POp(dist.isend, t, 1 - RANK), dist.P2POp(dist.irecv, r := torch.empty(6, device=device), 1 - RANK)]
+    r = torch.empty(6, device=device)
+    ops = [dist.P2POp(dist.isend, t, 1 - RANK), dist.P2POp(dist.irecv, r, 1 - RANK)]
     for w in dist.batch_isend_irecv(ops):
         w.wait()
     out["batch_isend_irecv"] = r
@@ -332,7 +336,8 @@ def main() -> int:
         import flagos_torchfl.sim as fsim
         from flagos_torchfl.sim import collectives as staged
 
-        fsim.install(num_devices=WORLD, native_ops=fsim.default_native_ops() | fsim.parse_native_ops(EXTRA_NATIVE))
+        native = fsim.default_native_ops() | fsim.parse_native_ops(EXTRA_NATIVE)
+        fsim.install(num_devices=WORLD, native_ops=native)
         torch.sim.set_device(RANK)
         staged.register("sim", "simccl")
         device = torch.device("sim", RANK)
