@@ -17,8 +17,9 @@ float16 without loss scaling: small gradients underflow to zero in float16. The 
 whether the script scales its loss, so :func:`enable_mixed_precision` warns once, when enabled
 with float16, that the script needs ``torch.amp.GradScaler`` (or bfloat16).
 
-Cost: with any global module hook registered, every module call takes PyTorch's slower hook path
-(measured in the tests' module docstring of tests/precision/test_auto_mixed.py).
+Cost: with any global module hook registered, every module call takes PyTorch's hook path; on a
+small MLP step (CPU) that is about 5 % over the same step with autocast written by hand
+(benchmarks/precision_costs.py), less on larger modules.
 """
 from __future__ import annotations
 

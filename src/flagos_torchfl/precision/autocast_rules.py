@@ -84,12 +84,15 @@ class Registration:
 
 
 def register_autocast_rules(device_type: str, dispatch_key: Optional[str] = None,
-                            ops: Optional[Iterable[str]] = None) -> Registration:
+                            ops: Optional[Iterable[str]] = None,
+                            replace: bool = False) -> Registration:
     """Register CUDA's autocast rules for ``device_type`` (the torch device type whose tensors
     they cast, e.g. ``"sim"``, ``"npu"``) at ``dispatch_key`` (default: the device type's
     autocast key, ``AutocastPrivateUse1`` for the PrivateUse1 device). ``ops``: a subset of the
     listed operators (default: all of them). An operator that already has a kernel at the key
-    that this package did not register (a vendor plugin's own rule) is kept, not replaced.
+    that this package did not register (a vendor plugin's own rule, PyTorch's CPU rule) is kept,
+    unless ``replace`` (then CUDA's rule runs there until undone, e.g. to give the CPU CUDA's
+    operator precisions; the key's operators outside CUDA's lists keep their rules).
 
     Returns a :class:`Registration`; call it to remove the kernels again. Raises ValueError for a
     device type without autocast, a key that is not an autocast key, or an operator not in
@@ -104,7 +107,7 @@ def register_autocast_rules(device_type: str, dispatch_key: Optional[str] = None
     registered, kept, removers = [], [], []
     try:
         for name in chosen:
-            if (torch._C._dispatch_has_kernel_for_dispatch_key(name, key)
+            if (not replace and torch._C._dispatch_has_kernel_for_dispatch_key(name, key)
                     and not _dispatch.is_ours(key, name)):
                 kept.append(name)
                 continue
