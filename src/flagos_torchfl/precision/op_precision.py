@@ -10,9 +10,9 @@ nothing changes. Names go through the semantic table
 (:func:`flagos_torchfl.routing.names.resolve`) and are also read as ATen spellings:
 ``softmax`` means ``aten::_softmax``, ``aten::_safe_softmax`` and ``aten::softmax.int``,
 ``layer_norm`` means ``aten::native_layer_norm`` and ``aten::layer_norm`` -- the composite that
-an autocast rule sees first, and the operator it decomposes into. Only functional forward overloads take the rule:
-``out=`` and in-place overloads (casting would write into a copy) and ``*_backward`` operators
-are left alone.
+an autocast rule sees first, and the operator it decomposes into. Only functional forward
+overloads take the rule: ``out=`` and in-place overloads (casting would write into a copy) and
+``*_backward`` operators are left alone.
 """
 from __future__ import annotations
 
