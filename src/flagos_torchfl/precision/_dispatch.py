@@ -1,0 +1,95 @@
+"""Python kernels at an autocast dispatch key, one per (key, operator), each applying the newest
+of the cast rules stacked on it.
+
+Several parts of the package may want a rule on the same operator at the same key (CUDA's lists
+on a PrivateUse1 chip, then ``set_op_precision`` on top). PyTorch keeps one active kernel per
+(operator, key); so this module registers one Python kernel per (key, operator) and keeps a stack
+of rules behind it: the newest rule runs, removing a rule re-exposes the one below, and removing
+the last one destroys the registration, which brings back whatever kernel the key had before (a
+C++ autocast kernel, or none). A rule is ``rule(op, args, kwargs) -> result``; it runs with the
+key excluded, as PyTorch's own autocast kernels do, so the calls it makes are not autocast again.
+"""
+from __future__ import annotations
+
+import itertools
+import threading
+import warnings
+from typing import Any, Callable, Dict, List, Tuple
+
+import torch
+
+Rule = Callable[[Any, tuple, dict], Any]
+
+_lock = threading.Lock()
+_counter = itertools.count()
+_slots: Dict[Tuple[str, str], "_Slot"] = {}
+
+
+def autocast_key(device_type: str) -> str:
+    """The autocast dispatch key of a device type: ``"cpu"`` -> ``"AutocastCPU"``, ``"cuda"`` ->
+    ``"AutocastCUDA"``, the PrivateUse1 device type (``"sim"``, ``"npu"`` ...) ->
+    ``"AutocastPrivateUse1"``. Raises ValueError for a device type without autocast."""
+    if not torch._C._is_autocast_available(device_type):
+        raise ValueError(f"device type {device_type!r} has no autocast in this PyTorch")
+    key = "Autocast" + torch._C._dispatch_key_for_device(device_type)
+    if not hasattr(torch._C.DispatchKey, key):
+        raise ValueError(f"device type {device_type!r} has no autocast dispatch key ({key})")
+    return key
+
+
+def check_key(dispatch_key: str) -> str:
+    """``dispatch_key`` if it names an autocast key, else ValueError listing them."""
+    valid = sorted(k for k in dir(torch._C.DispatchKey) if k.startswith("Autocast")
+                   and k != "AutocastFunctionality")
+    if dispatch_key not in valid:
+        raise ValueError(f"{dispatch_key!r} is not an autocast dispatch key; valid: {', '.join(valid)}")
+    return dispatch_key
+
+
+def overload_packet(name: str):
+    """``"aten::softmax.int"`` -> ``torch.ops.aten.softmax.int`` (``"aten::exp"``: ``.default``)."""
+    ns, _, rest = name.partition("::")
+    op, _, overload = rest.partition(".")
+    return getattr(getattr(getattr(torch.ops, ns), op), overload or "default")
+
+
+class _Slot:
+    def __init__(self, dispatch_key: str, name: str):
+        self.key = getattr(torch._C.DispatchKey, dispatch_key)
+        self.op = overload_packet(name)
+        self.rules: List[Tuple[int, Rule]] = []
+        self.library = torch.library.Library(name.partition("::")[0], "IMPL")
+        with warnings.catch_warnings():
+            # Replacing a C++ autocast kernel warns; the replacement is the point here.
+            warnings.simplefilter("ignore")
+            self.library.impl(name, self._kernel, dispatch_key)
+
+    def _kernel(self, *args, **kwargs):
+        rule = self.rules[-1][1]
+        with torch._C._ExcludeDispatchKeyGuard(torch._C.DispatchKeySet(self.key)):
+            return rule(self.op, args, kwargs)
+
+
+def is_ours(dispatch_key: str, name: str) -> bool:
+    """Whether this module's kernel serves ``name`` at ``dispatch_key`` now."""
+    return (dispatch_key, name) in _slots
+
+
+def push(dispatch_key: str, name: str, rule: Rule) -> Callable[[], None]:
+    """Make ``rule`` the active autocast rule of operator ``name`` at ``dispatch_key``; returns
+    the function that removes it again (idempotent; rules may be removed in any order)."""
+    with _lock:
+        slot = _slots.get((dispatch_key, name))
+        if slot is None:
+            slot = _slots[(dispatch_key, name)] = _Slot(dispatch_key, name)
+        token = next(_counter)
+        slot.rules.append((token, rule))
+
+    def remove() -> None:
+        with _lock:
+            slot.rules[:] = [r for r in slot.rules if r[0] != token]
+            if not slot.rules and _slots.get((dispatch_key, name)) is slot:
+                del _slots[(dispatch_key, name)]
+                slot.library._destroy()
+
+    return remove
