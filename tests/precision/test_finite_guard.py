@@ -5,9 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from flagos_torchfl import variables
 from flagos_torchfl.errors import ConfigError
 from flagos_torchfl.precision import (FiniteGuard, NonFiniteError, check_finite,
-                                      check_finite_from_env, parse_check_finite)
+                                      check_finite_from_env)
 
 
 def test_fp16_exp_overflow_names_operator_and_route():
@@ -55,7 +56,10 @@ def test_backward_overflow_is_caught():
 
 
 def test_switch_parsing():
-    assert parse_check_finite("on") and not parse_check_finite("0") and not parse_check_finite("")
+    def read(text):
+        return variables.read("FL_CHECK_FINITE", {"FL_CHECK_FINITE": text})
+
+    assert read("on") and not read("0") and not read("")
     with pytest.raises(ConfigError, match="FL_CHECK_FINITE"):
-        parse_check_finite("maybe")
+        read("maybe")
     check_finite(False)()  # a no-op undo

@@ -9,8 +9,7 @@ from .auto_mixed import enable_mixed_precision
 from .autocast_rules import (Registration, amp_supported_dtypes, autocast_casts, cuda_lists,
                              is_bf16_supported, listed_ops, register_autocast_rules)
 from .check import PrecisionRow, precision_check, render
-from .finite_guard import (FiniteGuard, NonFiniteError, check_finite, check_finite_from_env,
-                           parse_check_finite)
+from .finite_guard import FiniteGuard, NonFiniteError, check_finite, check_finite_from_env
 from .op_precision import fp32_ops_from_env, operators_for, parse_fp32_ops, set_op_precision
 from ._dispatch import autocast_key
 
@@ -19,6 +18,6 @@ __all__ = [
     "amp_supported_dtypes", "is_bf16_supported", "autocast_key",
     "set_op_precision", "operators_for", "parse_fp32_ops", "fp32_ops_from_env",
     "enable_mixed_precision",
-    "check_finite", "check_finite_from_env", "parse_check_finite", "FiniteGuard", "NonFiniteError",
+    "check_finite", "check_finite_from_env", "FiniteGuard", "NonFiniteError",
     "precision_check", "render", "PrecisionRow",
 ]

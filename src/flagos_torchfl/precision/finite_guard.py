@@ -25,9 +25,9 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from ..errors import ConfigError, FlagOSError
+from .. import variables
+from ..errors import FlagOSError
 
-ENV = "FL_CHECK_FINITE"
 RouteOf = Callable[[str], str]
 _UNINITIALISED = ("empty", "empty_like", "empty_strided", "empty_permuted", "new_empty",
                   "new_empty_strided", "resize_", "set_")
@@ -121,17 +121,7 @@ def check_finite(enabled: bool = True, route_of: Optional[RouteOf] = None) -> Ca
     return undo
 
 
-def parse_check_finite(value: str) -> bool:
-    """``FL_CHECK_FINITE``: 1/true/yes/on -> True, 0/false/no/off/empty -> False."""
-    text = str(value).strip().lower()
-    if text in ("1", "true", "yes", "on"):
-        return True
-    if text in ("", "0", "false", "no", "off"):
-        return False
-    raise ConfigError(f"{ENV}={value!r} is not a switch; use 1/true/yes/on or 0/false/no/off")
-
-
 def check_finite_from_env(environ: Mapping[str, str],
                           route_of: Optional[RouteOf] = None) -> Callable[[], None]:
     """Apply ``FL_CHECK_FINITE`` from ``environ``; returns the undo."""
-    return check_finite(parse_check_finite(environ.get(ENV, "")), route_of)
+    return check_finite(variables.read("FL_CHECK_FINITE", environ), route_of)

@@ -7,7 +7,7 @@ their eligible inputs (floating point, not float64, on the device) to the chosen
 them with autocast off for that call. It replaces the key's existing rule for the operator
 (PyTorch's, or CUDA's lists registered by :mod:`.autocast_rules`) until undone; outside autocast
 nothing changes. Names go through the semantic table
-(:func:`flagos_torchfl.routing.names.resolve`) and are also read as ATen spellings:
+(:func:`flagos_torchfl.aten.names.resolve`) and are also read as ATen spellings:
 ``softmax`` means ``aten::_softmax``, ``aten::_safe_softmax`` and ``aten::softmax.int``,
 ``layer_norm`` means ``aten::native_layer_norm`` and ``aten::layer_norm`` -- the composite that
 an autocast rule sees first, and the operator it decomposes into. Only functional forward
@@ -20,11 +20,11 @@ from typing import Callable, FrozenSet, List, Mapping, Optional
 
 import torch
 
+from .. import variables
 from ..errors import ConfigError
-from ..routing.names import aten_overloads, resolve
+from ..aten.names import aten_overloads, resolve
 from . import _casting, _dispatch
 
-ENV = "FL_FP32_OPS"
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
@@ -57,7 +57,7 @@ def parse_fp32_ops(text: str) -> List[str]:
         try:
             operators_for(name)
         except ConfigError as error:
-            raise ConfigError(f"{ENV}: {error}") from None
+            raise ConfigError(f"FL_FP32_OPS: {error}") from None
     return names
 
 
@@ -83,7 +83,7 @@ def fp32_ops_from_env(device_type: str, environ: Mapping[str, str],
                       dispatch_key: Optional[str] = None) -> Callable[[], None]:
     """Apply ``FL_FP32_OPS`` from ``environ`` (absent or empty: nothing); returns the undo."""
     undos = [set_op_precision(n, torch.float32, device_type, dispatch_key)
-             for n in parse_fp32_ops(environ.get(ENV, ""))]
+             for n in parse_fp32_ops(variables.read("FL_FP32_OPS", environ) or "")]
 
     def undo() -> None:
         for step in reversed(undos):
