@@ -1,0 +1,48 @@
+"""A LightningModule fitted as in the Lightning docs: ``Trainer(accelerator=..., devices=N,
+strategy=...)`` for a few steps. Each process writes one JSON line with its rank, the root
+device, the world size and the final weights' sum.
+
+Usage: lightning_fit.py ACCELERATOR DEVICES [STRATEGY]"""
+import json
+import os
+import sys
+
+import lightning as L
+import torch
+
+
+class Regression(L.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.net = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+        self.losses = []
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        loss = torch.nn.functional.mse_loss(self.net(x), y)
+        self.losses.append(round(loss.item(), 6))
+        return loss
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.05)
+
+
+def main(accelerator, devices, strategy):
+    L.seed_everything(0, verbose=False)
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(64, 8, generator=g)
+    y = x @ torch.randn(8, 1, generator=g) + 0.1
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=8)
+    model = Regression()
+    trainer = L.Trainer(accelerator=accelerator, devices=devices, strategy=strategy, max_steps=4,
+                        logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                        enable_model_summary=False)
+    trainer.fit(model, loader)
+    line = json.dumps({"tag": "lightning", "rank": trainer.global_rank, "world": trainer.world_size,
+                       "device": str(trainer.strategy.root_device), "losses": model.losses,
+                       "weight_sum": round(sum(p.detach().sum().item() for p in model.parameters()), 6)})
+    os.write(1, (line + "\n").encode())
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], int(sys.argv[2]), sys.argv[3] if len(sys.argv) > 3 else "auto")
