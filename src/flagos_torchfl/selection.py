@@ -37,6 +37,8 @@ class Selection:
     options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     #: routing inputs: the operator overrides and how routes are registered
     routing: Optional[RoutingConfig] = None
+    #: packages that are told the truth by ``torch.cuda.is_available()`` (``FL_CUDA_KERNEL_PACKAGES``)
+    cuda_kernel_packages: Tuple[str, ...] = ()
     probe: Optional[ProbeResult] = dataclasses.field(default=None, compare=False, repr=False)
 
     @property
@@ -59,7 +61,7 @@ class Selection:
         """True when ``other`` asks for exactly this backend, these devices, these settings and
         these chip and routing inputs."""
         def key(s: "Selection"):
-            return (s.backend, s.devices, s.settings, dict(s.options), s.routing)
+            return (s.backend, s.devices, s.settings, dict(s.options), s.routing, s.cuda_kernel_packages)
 
         return key(self) == key(other)
 
@@ -186,14 +188,26 @@ def build_selection(
     before anything is activated if any input is bad."""
     merged = merge_settings(settings or {}, environ)
     routing = routing_config(environ)
+    kernel_packages = variables.read("FL_CUDA_KERNEL_PACKAGES", environ)
     name, source, why, result = choose(backend, environ, probe)
     chip = registry().get(name)
     count = result.device_count
-    devices = config.parse_gpu_ids(merged.gpu_ids, count) if merged.gpu_ids else tuple(range(count))
+    devices = config.parse_gpu_ids(merged.gpu_ids, count) if merged.gpu_ids else _first_devices(count, environ)
     return Selection(
         backend=name, chip=chip, devices=devices, settings=dataclasses.replace(merged, gpu_ids=devices),
-        source=source, reason=why, options=chip.options(environ), routing=routing, probe=result,
+        source=source, reason=why, options=chip.options(environ), routing=routing,
+        cuda_kernel_packages=kernel_packages, probe=result,
     )
+
+
+def _first_devices(count: int, environ: Mapping[str, str]) -> Tuple[int, ...]:
+    """Every device, or the first ``FL_DEVICES`` of them (ConfigError when there are fewer)."""
+    wanted = variables.read("FL_DEVICES", environ)
+    if wanted is None:
+        return tuple(range(count))
+    if wanted > count:
+        raise ConfigError(f"FL_DEVICES={wanted} asks for more devices than the backend has ({count})")
+    return tuple(range(wanted))
 
 
 def would_pick(environ: Mapping[str, str] = os.environ, probe: Probe = default_probe) -> Tuple[Optional[str], str]:

@@ -39,6 +39,7 @@ def prepare_environment(
     backends: Optional[Sequence[str]] = None,
     log_level: Optional[str] = None,
     report: bool = False,
+    devices: Optional[int] = None,
 ) -> MutableMapping[str, str]:
     """Set in ``environ`` (and return it) the variables that make the launched program and every
     Python child it starts activate: ``backends`` are canonical names, already validated."""
@@ -52,6 +53,8 @@ def prepare_environment(
         variables.assign(environ, "FL_LOG_LEVEL", log_level)
     if report:
         variables.assign(environ, "FL_RUN_REPORT", "1")
+    if devices is not None:
+        variables.assign(environ, "FL_DEVICES", str(devices))
     return environ
 
 

@@ -68,6 +68,17 @@ def _choice(name: str, choices: Tuple[str, ...]) -> Callable[[str], str]:
     return parse
 
 
+def _packages(name: str) -> Callable[[str], Tuple[str, ...]]:
+    def parse(text: str) -> Tuple[str, ...]:
+        items = tuple(part.strip() for part in text.split(",") if part.strip())
+        bad = [item for item in items if not item.isidentifier()]
+        if bad or not items:
+            raise ConfigError(f"{name}={text!r} is not valid: give top-level package names separated by commas")
+        return items
+
+    return parse
+
+
 def _probe_timeout(text: str) -> float:
     try:
         value = float(text)
@@ -88,6 +99,8 @@ _DECLARED = (
              "the `memory_pool_clear_interval` setting (optimizer steps)"),
     Variable("FL_MIXED_PRECISION", lambda text: config.parse_bool("FL_MIXED_PRECISION", text), None,
              "the `enable_mixed_precision` setting (`1`/`0`)"),
+    Variable("FL_DEVICES", _device_count("FL_DEVICES"), None,
+             "devices to use (`run --devices N`): `cpu`/`sim` present N, other backends use their first N"),
     Variable("FL_CPU_DEVICES", _device_count("FL_CPU_DEVICES"), None,
              "logical devices the `cpu` backend presents (default `LOCAL_WORLD_SIZE`, else 1)"),
     Variable("FL_SIM_DEVICES", _device_count("FL_SIM_DEVICES"), None,
@@ -101,6 +114,8 @@ _DECLARED = (
     Variable("FL_FP32_OPS", _text, None, "operators that run in float32 under autocast, e.g. `softmax,layer_norm`"),
     Variable("FL_CHECK_FINITE", lambda text: config.parse_bool("FL_CHECK_FINITE", text), False,
              "`1`: raise at the first operator whose output holds NaN/Inf"),
+    Variable("FL_CUDA_KERNEL_PACKAGES", _packages("FL_CUDA_KERNEL_PACKAGES"), (),
+             "more packages told `torch.cuda.is_available()` is False (they load CUDA kernels otherwise)"),
     Variable("FL_PROBE_TIMEOUT", _probe_timeout, 10.0,
              "seconds allowed to each vendor query tool and plugin import (default 10)"),
     Variable("FL_LOG_LEVEL", parse_level, None, "`DEBUG`, `INFO` (shows decisions), `WARNING` (default), ..."),

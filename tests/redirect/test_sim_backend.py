@@ -87,3 +87,44 @@ def test_memory_limit_assigned_while_active_is_enforced(sim_backend):
         torch.empty(4 << 20, dtype=torch.uint8, device="cuda")
     ft.memory_virtual_limit = None
     assert torch.empty(4 << 20, dtype=torch.uint8, device="cuda").numel() == 4 << 20
+
+
+def test_pinned_memory_and_loader_pinning_on_sim(sim_backend):
+    from torch.utils.data import DataLoader, TensorDataset
+
+    host = torch.randn(6, 3)
+    pinned = host.pin_memory()
+    assert pinned.is_pinned() and pinned[1:].is_pinned() and not host.is_pinned()
+    assert torch.equal(pinned, host) and pinned.data_ptr() != host.data_ptr()
+    assert torch.empty(4, pin_memory=True).is_pinned()
+    loader = DataLoader(TensorDataset(host), batch_size=3, pin_memory=True)
+    batches = [b[0] for b in loader]
+    assert all(b.is_pinned() for b in batches)
+    moved = batches[0].to("cuda", non_blocking=True)
+    assert moved.device.type == "sim" and torch.equal(moved.cpu(), host[:3])
+
+
+def test_device_generators_on_sim(sim_backend):
+    gen = torch.Generator("cuda")
+    gen.manual_seed(7)
+    assert isinstance(gen, torch.Generator) and gen.device == torch.device("sim", 0)
+    drawn = torch.randn(5, device="cuda", generator=gen)
+    reference = torch.Generator().manual_seed(7)
+    assert drawn.device.type == "sim" and torch.equal(drawn.cpu(), torch.randn(5, generator=reference))
+    torch.cuda.manual_seed(3)
+    first = torch.rand(4, device="cuda")
+    torch.cuda.manual_seed(3)
+    assert torch.equal(first, torch.rand(4, device="cuda"))
+    assert torch.cuda.default_generators[0] is torch.sim.default_generators[0]
+    assert torch.cuda.default_generators[0].initial_seed() == 3
+
+
+def test_profiler_records_the_sim_activity(sim_backend, capfd):
+    from torch.profiler import ProfilerActivity, profile
+
+    model = torch.nn.Linear(8, 8).cuda()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        model(torch.randn(2, 8, device="cuda")).sum().backward()
+    assert ProfilerActivity.CUDA not in prof.activities
+    assert ProfilerActivity.PrivateUse1 in prof.activities
+    assert "CUDA used in profiler" not in capfd.readouterr().err

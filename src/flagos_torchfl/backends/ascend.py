@@ -14,6 +14,7 @@ class AscendBackend(Backend):
     low_precision_dtype = "float16"  # torch_npu's autocast default; 910B also has bfloat16
     supports_float64 = False
     priority = 90
+    profiler_activity = "PrivateUse1"
     kernel_libraries = ("flaggems",)
     plugin_module = "torch_npu"
     query_tool = ("npu-smi", "info")

@@ -81,6 +81,9 @@ class Backend:
     driver_pattern: str = ""
     #: the vendor's equivalent of CUDA_VISIBLE_DEVICES (None: CUDA_VISIBLE_DEVICES itself)
     visible_devices_env: Optional[str] = None
+    #: the variable that sets how many logical devices the backend presents (cpu, sim); None:
+    #: the devices are the hardware's
+    devices_env: Optional[str] = None
     #: operators the chip has natively but not for some dtypes: dtype name -> operator names
     #: (semantic names, categories or ATen names; "*": every native operator), e.g.
     #: ``{"float64": ("matmul", "aten::cumsum")}``. Routing gives them a route for those dtypes.
@@ -89,6 +92,9 @@ class Backend:
     enforces_memory_limit: bool = False
     #: whether pinned host memory means anything here (False: ``pin_memory()`` is a no-op)
     pins_memory: bool = True
+    #: whether factories can allocate pinned memory (``torch.empty(..., pin_memory=True)``);
+    #: False: they allocate, then pin with ``Tensor.pin_memory()``
+    pins_at_allocation: bool = True
     #: whether process groups and DDP are bound to one device (False: ``device_id`` / DDP
     #: ``device_ids`` are dropped, as for CPU modules)
     binds_process_group_device: bool = True
@@ -96,6 +102,8 @@ class Backend:
     routes_operators: bool = True
     #: kernel libraries (provider names, e.g. ``"flaggems"``) that may serve this chip
     kernel_libraries: Tuple[str, ...] = ()
+    #: the ``torch.profiler.ProfilerActivity`` that records this chip's work (None: host only)
+    profiler_activity: Optional[str] = None
 
     # ----------------------------------------------------------------- probing
     def probe(self, timeout: Optional[float] = None, count_ops: bool = True) -> ProbeResult:

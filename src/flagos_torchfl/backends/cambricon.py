@@ -14,6 +14,7 @@ class CambriconBackend(Backend):
     low_precision_dtype = "float16"
     supports_float64 = True
     priority = 85
+    profiler_activity = "PrivateUse1"
     kernel_libraries = ("flaggems",)
     plugin_module = "torch_mlu"
     query_tool = ("cnmon", "version")

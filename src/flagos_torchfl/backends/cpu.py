@@ -17,10 +17,12 @@ from .host import HostRuntime, cpu_name, host_memory
 
 
 def logical_device_count(variable: str, environ: Mapping[str, str] = os.environ) -> int:
-    """``environ[variable]``, else ``LOCAL_WORLD_SIZE``, else 1; a device count or ConfigError."""
-    count = variables.read(variable, environ)
-    if count is not None:
-        return count
+    """``environ[variable]``, else ``FL_DEVICES``, else ``LOCAL_WORLD_SIZE``, else 1; a device
+    count or ConfigError."""
+    for name in (variable, "FL_DEVICES"):
+        count = variables.read(name, environ)
+        if count is not None:
+            return count
     local = environ.get("LOCAL_WORLD_SIZE", "").strip()
     if local:
         if not (local.isascii() and local.isdigit()) or not 1 <= int(local) <= variables.MAX_DEVICES:

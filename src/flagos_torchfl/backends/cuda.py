@@ -21,6 +21,7 @@ class CudaBackend(Backend):
     low_precision_dtype = "bfloat16"
     supports_float64 = True
     priority = 100
+    profiler_activity = "CUDA"
     kernel_libraries = ("flaggems",)
     query_tool = ("nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader")
     driver_pattern = r"(?m)^\s*(\d+\.\d+(?:\.\d+)?)\s*$"

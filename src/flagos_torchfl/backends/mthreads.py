@@ -14,6 +14,7 @@ class MThreadsBackend(Backend):
     low_precision_dtype = "float16"
     supports_float64 = False
     priority = 80
+    profiler_activity = "PrivateUse1"
     kernel_libraries = ("flaggems",)
     plugin_module = "torch_musa"
     query_tool = ("mthreads-gmi",)

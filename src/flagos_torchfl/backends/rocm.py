@@ -17,6 +17,7 @@ class RocmBackend(Backend):
     low_precision_dtype = "bfloat16"
     supports_float64 = True
     priority = 95
+    profiler_activity = "CUDA"
     kernel_libraries = ("flaggems",)
     query_tool = ("rocm-smi", "--showdriverversion")
     driver_pattern = r"[Dd]river version:\s*([\w.\-]+)"

@@ -29,9 +29,11 @@ class SimBackend(Backend):
     low_precision_dtype = "bfloat16"
     supports_float64 = True
     priority = -1
+    profiler_activity = "PrivateUse1"
     auto_selectable = False
     devices_env = "FL_SIM_DEVICES"
     enforces_memory_limit = True
+    pins_at_allocation = False  # a Python PrivateUse1 backend cannot register a pinned allocator
 
     def probe(self, timeout=None, count_ops=True) -> ProbeResult:
         result = ProbeResult(backend=self.name, status="on-request")

@@ -14,6 +14,7 @@ class XpuBackend(Backend):
     low_precision_dtype = "bfloat16"
     supports_float64 = True
     priority = 70
+    profiler_activity = "XPU"
     kernel_libraries = ("flaggems",)
     query_tool = ("xpu-smi", "discovery")
     driver_pattern = r"Driver Version\s*:\s*(\S+)"

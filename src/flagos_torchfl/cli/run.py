@@ -33,7 +33,7 @@ import zipfile
 from importlib.machinery import PathFinder
 from typing import List, Optional, Union
 
-from .. import startup
+from .. import startup, variables
 from ..api import current_backend, deactivate
 from ..errors import ConfigError, UnknownBackendError
 from ..log import LEVELS, get_logger, level_from_env, parse_level
@@ -73,13 +73,16 @@ Target = Union[Script, Module, Command]
 def add_parser(sub) -> None:
     p = sub.add_parser(
         "run", help="run a script, module or command with the backend active in it and its children",
-        usage="%(prog)s [--backend NAME] [--log-level LEVEL] [--report] "
+        usage="%(prog)s [--backend NAME] [--devices N] [--log-level LEVEL] [--report] "
               "(script.py | -m module | [--] command) [args ...]",
         description=__doc__.split("\n\n")[0],
     )
     p.add_argument("--backend", metavar="NAME",
                    help="backend to use, or a comma-separated list tried in order; wins over "
                         "FL_BACKEND and init_backend(backend=...) in the program")
+    p.add_argument("--devices", metavar="N",
+                   help="use N devices: cpu and sim present N logical devices, other backends use "
+                        "their first N (sets FL_DEVICES for the program and its children)")
     p.add_argument("--log-level", metavar="LEVEL", help=f"FL_LOG_LEVEL for the program: {', '.join(LEVELS)}")
     p.add_argument("--report", action="store_true", help="print the routing report when the program exits")
     p.add_argument("-m", dest="module", nargs=argparse.REMAINDER, metavar="MODULE",
@@ -95,10 +98,11 @@ def run(args) -> int:
         target = parse_target(args.module, args.program)
         backends = validate_backend(args.backend)
         level = validate_log_level(args.log_level)
+        devices = validate_devices(args.devices)
     except UsageError as exc:
         print(f"flagos-torchfl run: error: {exc}", file=sys.stderr)
         return 2
-    startup.prepare_environment(os.environ, backends, level, args.report)
+    startup.prepare_environment(os.environ, backends, level, args.report, devices)
     if level:
         get_logger().setLevel(level_from_env())
     if isinstance(target, Command):
@@ -169,6 +173,16 @@ def validate_log_level(value: Optional[str]) -> Optional[str]:
         return parse_level(value, "--log-level")
     except ConfigError as exc:
         raise UsageError(str(exc)) from None
+
+
+def validate_devices(value: Optional[str]) -> Optional[int]:
+    """The device count for ``--devices`` (None when not given); raises UsageError."""
+    if value is None:
+        return None
+    try:
+        return variables.variable("FL_DEVICES").parse(value.strip())
+    except ConfigError as exc:
+        raise UsageError(str(exc).replace("FL_DEVICES=", "--devices ")) from None
 
 
 def exec_command(command: Command) -> int:

@@ -47,3 +47,25 @@ def patch_grad_scaler(target: Target, patcher: Patcher) -> None:
         original(self, target.translate_type(device), *args, **kwargs)
 
     patcher.setattr(scaler, "__init__", __init__)
+
+
+@patch_function("autocast_queries")
+def patch_autocast_queries(target: Target, patcher: Patcher) -> None:
+    """``torch.is_autocast_enabled("cuda")`` (and with no argument), ``torch.get_autocast_dtype("cuda")``
+    and the input casts of ``torch.amp.custom_fwd(device_type="cuda", cast_inputs=...)`` answer
+    for the backend's device type, so code that checks them sees the autocast that is active."""
+    mode = torch.amp.autocast_mode
+    real_enabled, real_dtype, real_cast = torch.is_autocast_enabled, torch.get_autocast_dtype, mode._cast
+
+    def is_autocast_enabled(device_type=None):
+        return real_enabled(target.device_type if device_type is None else target.translate_type(device_type))
+
+    def get_autocast_dtype(device_type):
+        return real_dtype(target.translate_type(device_type))
+
+    def _cast(value, device_type, dtype):
+        return real_cast(value, target.translate_type(device_type), dtype)
+
+    patcher.setattr(torch, "is_autocast_enabled", is_autocast_enabled)
+    patcher.setattr(torch, "get_autocast_dtype", get_autocast_dtype)
+    patcher.setattr(mode, "_cast", _cast)

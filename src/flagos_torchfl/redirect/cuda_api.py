@@ -66,7 +66,7 @@ class _BackendsCudaModule(types.ModuleType):
 def patch_torch_cuda(target: Target, patcher: Patcher) -> None:
     """``torch.cuda.*`` answered by the backend (a class swap on the module; see module doc)."""
     cuda = torch.cuda
-    facade = CudaFacade(target, cuda)
+    facade = CudaFacade(target, cuda, target.cuda_kernel_packages)
     patcher.setitem(_active, "facade", facade)
     patcher.set_module_class(cuda, _FacadeModule)
 

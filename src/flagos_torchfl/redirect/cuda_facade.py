@@ -9,18 +9,27 @@ is the honest equivalent, documented per function. Device arguments are logical 
 from __future__ import annotations
 
 import contextlib
+import sys
 import types
-from typing import Any, Dict
+from typing import Any, Callable, Dict, Iterable
 
 import torch
 
 from ..backends.host import DeviceProperties, HostRuntime
+from ..errors import suggestion
 from .devices import Target
 from .standins import DENIED_PRIVATE, Namespace, alias_class, unserved
 
 #: the legacy ``torch.cuda.<X>Tensor`` types and their dtypes (torch's own CPU tensor types)
 LEGACY_TYPES = {c.__name__: c.dtype for c in torch._tensor_classes if c.__module__ == "torch"}
 _INLINE_STREAMS = HostRuntime()
+#: top-level packages that load CUDA kernels when ``torch.cuda.is_available()`` says True
+#: (bitsandbytes then reaches for ``torch._C._cuda_getCurrentRawStream``): they are told the truth
+CUDA_KERNEL_PACKAGES = (
+    "bitsandbytes", "flash_attn", "flash_attn_2_cuda", "xformers", "apex", "triton",
+    "transformer_engine", "mamba_ssm", "causal_conv1d", "vllm", "deepspeed", "fbgemm_gpu",
+    "auto_gptq", "awq", "exllamav2", "liger_kernel",
+)
 #: what :meth:`CudaFacade.lookup` returns for a name the real ``torch.cuda`` answers
 PASS = object()
 
@@ -45,9 +54,11 @@ class CudaFacade:
     when ``gpu_ids`` renumbers devices) just the index-taking functions are served; everything
     else is the real ``torch.cuda``."""
 
-    def __init__(self, target: Target, cuda_module: types.ModuleType):
+    def __init__(self, target: Target, cuda_module: types.ModuleType,
+                 cuda_kernel_packages: Iterable[str] = ()):
         self.t = target
         self._cuda = cuda_module
+        self._cuda_kernel_packages = frozenset(CUDA_KERNEL_PACKAGES) | frozenset(cuda_kernel_packages)
         self._table = self.served()
 
     # -------------------------------------------------------------- plumbing
@@ -66,11 +77,24 @@ class CudaFacade:
         return self.t.physical(self.t.logical_index(device))
 
     def lookup(self, name: str) -> Any:
-        """The value of ``torch.cuda.<name>`` (or ``PASS`` for the real module's)."""
+        """The value of ``torch.cuda.<name>``, or ``PASS`` for the real module's. In order: a
+        served name; a private name (torch's own plumbing); AttributeError for a name the real
+        ``torch.cuda`` does not have either (as without this package, with the closest name);
+        the real submodule for ``torch.cuda``'s submodules (``streams``, ``jiterator``,
+        ``graphs``...: a CPU-only torch imports and uses them, and they fail only when work
+        reaches a CUDA device); the backend module's function of that name; else an unserved
+        stand-in."""
         found = self._table.get(name, PASS)
         if found is not PASS:
             return found
         if self.t.native or (name.startswith("_") and name not in DENIED_PRIVATE):
+            return PASS
+        try:
+            real = types.ModuleType.__getattribute__(self._cuda, name)
+        except AttributeError:
+            raise AttributeError(f"module 'torch.cuda' has no attribute {name!r}."
+                                 f"{suggestion(name, [*dir(self._cuda), *self._table])}") from None
+        if isinstance(real, types.ModuleType) and real.__name__.startswith("torch.cuda."):
             return PASS
         if not name.startswith("_"):
             delegate = self._mod(name)
@@ -113,7 +137,7 @@ class CudaFacade:
         memory_names = [n for n in torch.cuda.memory.__all__ if n in table]
         random_names = [n for n in torch.cuda.random.__all__ if n in table]
         table.update({
-            "is_available": lambda: True,
+            "is_available": f.is_available,
             "is_initialized": lambda: True,
             "init": lambda: None,
             "is_bf16_supported": f.is_bf16_supported,
@@ -134,6 +158,13 @@ class CudaFacade:
         return table
 
     # -------------------------------------------------------------- devices
+    def is_available(self, _frame: Callable = sys._getframe) -> bool:
+        """True, except for callers inside a package that loads CUDA kernels when CUDA is
+        available (``CUDA_KERNEL_PACKAGES`` and ``FL_CUDA_KERNEL_PACKAGES``): those are told the
+        truth, so they stay on their CPU path instead of reaching for CUDA's runtime."""
+        caller = _frame(1).f_globals.get("__name__") or ""
+        return caller.partition(".")[0] not in self._cuda_kernel_packages
+
     def device_count(self) -> int:
         """The number of logical devices (the selection's devices)."""
         return self.t.count

@@ -44,6 +44,7 @@ class Target:
         module: Any = None,
         device_names: Sequence[str] = (),
         device_memory: Sequence[Optional[int]] = (),
+        cuda_kernel_packages: Sequence[str] = (),
     ) -> None:
         if not devices:
             raise ValueError(f"backend {chip.name!r} has no devices to redirect to")
@@ -57,6 +58,7 @@ class Target:
         self.low_precision_dtype = _LOW_PRECISION[chip.low_precision_dtype]
         self.device_names = tuple(device_names)
         self.device_memory = tuple(device_memory)
+        self.cuda_kernel_packages = tuple(cuda_kernel_packages)
         self.native = chip.device_type == "cuda"
         self.remaps = self.devices != tuple(range(len(self.devices)))
         self._tls = threading.local()
@@ -85,7 +87,8 @@ class Target:
             info = found.get(physical)
             names.append(info.name if info else f"{selection.backend} device {physical}")
             memory.append(info.total_memory if info else None)
-        return cls(selection.chip, selection.devices, None, names, memory)
+        return cls(selection.chip, selection.devices, None, names, memory,
+                   getattr(selection, "cuda_kernel_packages", ()))
 
     # ------------------------------------------------------------ logical devices
     @property
@@ -98,9 +101,16 @@ class Target:
             valid = f"cuda:0..cuda:{self.count - 1}" if self.count > 1 else "cuda:0"
             raise DeviceOrdinalError(
                 f"cuda:{index} does not exist: backend {self.backend!r} has {self.count} "
-                f"device(s) ({valid}); choose devices with gpu_ids / FL_GPU_IDS"
+                f"device(s) ({valid}); {self._more_devices()}"
             )
         return index
+
+    def _more_devices(self) -> str:
+        """How a user gets other devices on this chip."""
+        if self.chip.devices_env:
+            return (f"it presents as many logical devices as {self.chip.devices_env} says: set "
+                    f"{self.chip.devices_env}=N, or start with `python -m flagos_torchfl run --devices N`")
+        return "choose devices with gpu_ids / FL_GPU_IDS"
 
     def physical(self, logical: int) -> int:
         """The backend's device index behind logical ``cuda:logical``."""

@@ -30,18 +30,22 @@ TENSOR_NEW_METHODS = (
 
 
 def factory_wrapper(original: Callable, target: Target) -> Callable:
-    """``original`` with its ``device=`` keyword translated (and ``pin_memory=True`` dropped
-    where the chip does not pin memory)."""
+    """``original`` with its ``device=`` keyword translated, and ``pin_memory=True`` dropped
+    where the chip does not pin memory, or applied after allocation where it cannot pin at
+    allocation (the sim)."""
     translate = target.translate
     drop_pin = not target.chip.pins_memory
+    pin_after = not drop_pin and not target.chip.pins_at_allocation
 
     @functools.wraps(original)
     def factory(*args, **kwargs):
         device = kwargs.get("device")
         if device is not None:
             kwargs["device"] = translate(device)
-        if drop_pin and kwargs.get("pin_memory"):
+        if kwargs.get("pin_memory") and (drop_pin or pin_after):
             kwargs["pin_memory"] = False
+            if pin_after:
+                return original(*args, **kwargs).pin_memory()
         return original(*args, **kwargs)
 
     return factory

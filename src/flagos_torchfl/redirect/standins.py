@@ -75,7 +75,7 @@ def alias_class(real: type, make: Callable[..., Any], module: str = "torch.cuda"
 
 class Namespace(types.ModuleType):
     """A stand-in for a ``torch.cuda`` submodule: served names, private names of the real
-    submodule, and unserved stand-ins for the rest."""
+    submodule, unserved stand-ins for its other names, AttributeError for names it lacks."""
 
     def __init__(self, name: str, served: Dict[str, Any], real: Any, target: Target):
         super().__init__(name)
@@ -87,6 +87,8 @@ class Namespace(types.ModuleType):
             raise AttributeError(name)
         if name.startswith("_") and name not in DENIED_PRIVATE and self._real is not None:
             return getattr(self._real, name)
+        if self._real is not None and not hasattr(self._real, name):
+            raise AttributeError(f"module {self.__name__!r} has no attribute {name!r}")
         stand_in = unserved(name, self._target, self.__name__)
         setattr(self, name, stand_in)
         return stand_in

@@ -144,6 +144,13 @@ def is_bf16_supported(including_emulation: bool = True) -> bool:
 
 
 # -- random numbers ------------------------------------------------------------------------
+def __getattr__(name: str) -> Any:
+    """``default_generators``: every device's generator (:class:`runtime.SimGenerator`), by index."""
+    if name == "default_generators":
+        return tuple(runtime.generator(i) for i in range(runtime.device_count()))
+    raise AttributeError(f"module 'torch.{runtime.DEVICE_TYPE}' has no attribute {name!r}")
+
+
 def manual_seed(seed: int) -> None:
     """Seed the current device's generator."""
     runtime.generator(runtime.current_device()).manual_seed(int(seed))

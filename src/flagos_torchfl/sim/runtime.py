@@ -14,17 +14,34 @@ DEFAULT_SEED = 67280421310721
 DEVICE_TYPE = "sim"
 
 _allocators: list[CachingAllocator] = []
-_generators: list[torch.Generator] = []
+_generators: list["SimGenerator"] = []
 _local = threading.local()
 _rng_lock = threading.RLock()
+
+
+class SimGenerator(torch._C.Generator):
+    """The random generator of one sim device: a CPU generator (the sim's kernels are the CPU's
+    and draw from it) that reports its sim device. ``isinstance(g, torch.Generator)`` holds."""
+
+    def __new__(cls, index: int = 0):
+        generator = super().__new__(cls, "cpu")
+        generator._index = index
+        return generator
+
+    @property
+    def device(self) -> torch.device:
+        return torch.device(DEVICE_TYPE, self._index)
+
+    def __repr__(self) -> str:
+        return f"<SimGenerator device={self.device}>"
 
 
 def start(num_devices: int, memory_limit: int | None) -> None:
     """Create ``num_devices`` devices, each with ``memory_limit`` bytes (None: nominal capacity)."""
     _allocators[:] = [CachingAllocator(i, memory_limit, device_name) for i in range(num_devices)]
     gens = []
-    for _ in range(num_devices):
-        g = torch.Generator(device="cpu")
+    for index in range(num_devices):
+        g = SimGenerator(index)
         g.manual_seed(DEFAULT_SEED)
         gens.append(g)
     _generators[:] = gens

@@ -12,7 +12,10 @@ a few hooks can be registered. Left alone, that makes PyTorch
 * run the backward pass of tensors on device index >= 1 into an autograd engine that made a
   worker queue for one device only (an internal assertion, then a crash at exit);
 * answer ``torch.accelerator.synchronize``, ``current_device_index`` and the memory queries
-  wrongly or with an internal assertion.
+  wrongly or with an internal assertion;
+* raise its internal ``PrivateUse1HooksInterface`` errors for ``torch.Generator("sim")`` and for
+  pinned host memory (``Tensor.pin_memory()``, ``DataLoader(pin_memory=True)``), whose
+  allocator and generator hooks only C++ can register.
 
 Each patch changes behaviour only for sim devices and delegates everything else to PyTorch.
 """
@@ -28,6 +31,7 @@ from . import runtime, tensors
 
 _SIM = runtime.DEVICE_TYPE
 _applied = False
+_keep_alive: list[object] = []
 
 
 def apply(num_devices: int) -> None:
@@ -39,6 +43,8 @@ def apply(num_devices: int) -> None:
     if num_devices > 1:
         _patch_autograd_engine()
     _patch_accelerator()
+    _patch_generator()
+    _keep_alive.append(_pinned_memory_kernels())
     _applied = True
 
 
@@ -178,3 +184,51 @@ def _dispatching(original: Callable, impl: Callable) -> Callable:
 
     wrapper.__flagos_sim_original__ = original
     return wrapper
+
+
+# -- generators and pinned memory ---------------------------------------------------------------
+class _GeneratorMeta(type):
+    """Keeps ``isinstance(g, torch.Generator)`` true for every real generator."""
+
+    def __instancecheck__(cls, instance):
+        return isinstance(instance, torch._C.Generator)
+
+    def __subclasscheck__(cls, subclass):
+        return issubclass(subclass, torch._C.Generator)
+
+
+def _patch_generator() -> None:
+    """``torch.Generator("sim"[:N])``: a new :class:`runtime.SimGenerator` of that device."""
+    original = torch.Generator
+
+    class Generator(metaclass=_GeneratorMeta):
+        __doc__ = original.__doc__
+
+        def __new__(cls, device="cpu"):
+            index = _sim_index(device)
+            if index is not None:
+                return runtime.SimGenerator(index)
+            return original(device=device)
+
+    Generator.__module__ = "torch"
+    Generator.__qualname__ = Generator.__name__ = "Generator"
+    torch.Generator = Generator
+
+
+def _pinned_memory_kernels() -> torch.library.Library:
+    """``Tensor.pin_memory()`` and ``is_pinned()`` for host tensors: pinning copies the tensor into
+    fresh host memory marked pinned (the sim's transfers are host copies, so pinned memory is
+    ordinary memory that says so), and ``is_pinned`` reads the mark."""
+    library = torch.library.Library("aten", "IMPL")
+
+    def _pin_memory(self, device=None):
+        out = torch.empty_like(self, memory_format=torch.contiguous_format).copy_(self)
+        out.untyped_storage()._fl_pinned = True
+        return out
+
+    def is_pinned(self, device=None):
+        return bool(getattr(self.untyped_storage(), "_fl_pinned", False))
+
+    library.impl("_pin_memory", _pin_memory, "CPU")
+    library.impl("is_pinned", is_pinned, "CPU")
+    return library
