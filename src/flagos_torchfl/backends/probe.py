@@ -43,18 +43,16 @@ def run_tool(argv: list[str], timeout: float) -> Tuple[Optional[str], Optional[s
         return None, f"{tool} could not be run: {exc}"
     deadline = time.monotonic() + timeout
     readers = [_CappedReader(proc.stdout), _CappedReader(proc.stderr)]
-    try:
-        proc.wait(timeout=timeout)
-        for reader in readers:
-            reader.join(max(0.0, deadline - time.monotonic()))
-    except subprocess.TimeoutExpired:
-        pass
-    if proc.returncode is None or any(r.is_alive() for r in readers):
-        _kill_group(proc, readers)
-        return None, f"{tool} did not answer within {timeout:g} s"
+    while time.monotonic() < deadline and not any(r.overflow for r in readers):
+        if proc.poll() is not None and not any(r.is_alive() for r in readers):
+            break
+        time.sleep(0.01)
     if any(r.overflow for r in readers):
         _kill_group(proc, readers)
         return None, f"{tool} printed more than {MAX_TOOL_OUTPUT} bytes"
+    if proc.poll() is None or any(r.is_alive() for r in readers):
+        _kill_group(proc, readers)
+        return None, f"{tool} did not answer within {timeout:g} s"
     _close(readers)
     stdout, stderr = (r.data.decode(errors="replace") for r in readers)
     if proc.returncode != 0:
