@@ -16,7 +16,7 @@ __version__ = "0.1.0"
 _compat.check_torch(_torch.__version__)
 
 from .api import (  # noqa: E402
-    ASSIGNABLE as _ASSIGNABLE, auto_select_backend, current_backend, deactivate, get_setting,
+    ASSIGNABLE as _ASSIGNABLE, CHOSEN_AT_INIT as _CHOSEN_AT_INIT, auto_select_backend, current_backend, deactivate, get_setting,
     init_backend, set_setting,
 )
 from .backends import get_backend, register_backend  # noqa: E402
@@ -50,7 +50,7 @@ class _Package(types.ModuleType):
     """Makes ``ft.memory_pool_clear_interval = 50`` (and the other settings) validated assignments."""
 
     def __setattr__(self, name, value):
-        if name in _ASSIGNABLE or _misspelt_setting(self, name, value):
+        if name in _ASSIGNABLE or name in _CHOSEN_AT_INIT or _misspelt_setting(self, name, value):
             set_setting(name, value)  # a misspelt setting raises, naming the closest one
         else:
             super().__setattr__(name, value)

@@ -20,6 +20,13 @@ _undo: List[Tuple[str, Callable[[], None]]] = []
 
 #: settings that may be changed by assignment, e.g. ``ft.memory_pool_clear_interval = 50``
 ASSIGNABLE = ("memory_virtual_limit", "memory_pool_clear_interval", "enable_mixed_precision")
+#: names that look like settings but are chosen only when a backend is activated
+CHOSEN_AT_INIT = {
+    "backend": "choose the backend with ft.init_backend(backend=...), FL_BACKEND or "
+               "`python -m flagos_torchfl run --backend NAME`",
+    "gpu_ids": "choose the devices with ft.init_backend(gpu_ids=[...]) or FL_GPU_IDS "
+               "(call ft.deactivate() first to change them)",
+}
 _assigned: dict = {}
 
 
@@ -40,13 +47,46 @@ def _activate_redirect(selection: Selection) -> Optional[Callable[[], None]]:
     return redirect.activate(selection)
 
 
+def _publish_for_children(selection: Selection) -> Optional[Callable[[], None]]:
+    from . import inherit
+
+    return inherit.publish(selection)
+
+
 #: (name, step) in activation order. Each step takes the Selection and returns an undo callable
 #: (or None); the routing and redirect layers are imported only when a backend is activated.
 ACTIVATION_STEPS: Tuple[Tuple[str, Callable[[Selection], Optional[Callable[[], None]]]], ...] = (
     ("backend", _activate_chip),
     ("routing", _activate_routing),
     ("redirect", _activate_redirect),
+    ("children", _publish_for_children),
 )
+
+
+def _update_chip(old: Selection, new: Selection) -> None:
+    new.chip.update_settings(old, new)
+
+
+def _update_children(old: Selection, new: Selection) -> None:
+    from . import inherit
+
+    inherit.publish(new)
+
+
+def _settings_unused(old: Selection, new: Selection) -> None:
+    """The step reads none of the assignable settings: nothing to do."""
+
+
+#: step name -> ``update(old, new)``: applies a change of the assignable settings to the
+#: running step in place (raising leaves it as it was). A setting change reaches every step
+#: listed here without deactivating anything, so other threads never see torch unpatched; a
+#: step not listed (added later) makes the change a full re-activation instead.
+SETTING_UPDATES = {
+    "backend": _update_chip,
+    "routing": _settings_unused,
+    "redirect": _settings_unused,
+    "children": _update_children,
+}
 
 
 def init_backend(
@@ -74,7 +114,7 @@ def init_backend(
             _from_launcher = False
             if not _current.same_request(selection):
                 log.info("init_backend in code re-activates %s with its own settings", selection.backend)
-                _replace_active(selection, keep_launcher_mark=True)
+                _change_active(selection, keep_launcher_mark=True)
             return _current
         if _current is not None:
             if _current.same_request(selection):
@@ -95,14 +135,24 @@ def auto_select_backend(**settings: Any) -> Selection:
 
 
 def activate_for_launcher() -> Selection:
-    """Activation made by ``python -m flagos_torchfl run`` before the program starts: like
-    :func:`auto_select_backend`, but a later ``init_backend`` call in the program re-activates
-    with the program's settings instead of raising."""
+    """Activation made by ``python -m flagos_torchfl run`` before the program starts, and in
+    each Python child: the activation the parent process published (its current one, see
+    :mod:`.inherit`) when there is one, else like :func:`auto_select_backend`. A later
+    ``init_backend`` call in the program re-activates with the program's settings instead of
+    raising."""
     global _from_launcher
+    from . import inherit
+
     with _lock:
-        selection = auto_select_backend()
+        selection = inherit.inherited_selection()
+        if selection is None:
+            selection = auto_select_backend()
+        elif _current is None:
+            _activate(selection)
+        else:
+            _change_active(selection)
         _from_launcher = True
-        return selection
+        return _current
 
 
 def current_backend() -> Optional[Selection]:
@@ -151,6 +201,41 @@ def _activate(selection: Selection) -> None:
     log.info("backend %s active (%s): devices %s", selection.backend, selection.reason, list(selection.devices))
 
 
+def _change_active(selection: Selection, keep_launcher_mark: bool = False) -> None:
+    """Make ``selection`` the active one: in place when only assignable settings differ (see
+    :data:`SETTING_UPDATES`), else by re-activation."""
+    if _differs_in_settings_only(_current, selection):
+        _update_active(selection)
+    else:
+        _replace_active(selection, keep_launcher_mark)
+
+
+def _differs_in_settings_only(old: Selection, new: Selection) -> bool:
+    same_settings = dataclasses.replace(new, settings=old.settings, source=old.source, reason=old.reason)
+    return (old.same_request(same_settings)
+            and all(name in SETTING_UPDATES for name, _ in ACTIVATION_STEPS))
+
+
+def _update_active(selection: Selection) -> None:
+    """Apply a change of assignable settings to every activation step in place, then make
+    ``selection`` current; a step that raises is left as it was and the ones already updated
+    are put back, then the error is raised."""
+    global _current
+    old, done = _current, []
+    try:
+        for name, _ in ACTIVATION_STEPS:
+            SETTING_UPDATES[name](old, selection)
+            done.append(name)
+    except BaseException:
+        for name in reversed(done):
+            try:
+                SETTING_UPDATES[name](selection, old)
+            except Exception as exc:
+                log.error("restoring step %s after a failed settings change failed: %s", name, exc)
+        raise
+    _current = selection
+
+
 def _replace_active(selection: Selection, keep_launcher_mark: bool = False) -> None:
     """Re-activate with ``selection`` in place of the active one; if that fails, the previous
     selection is activated again and the error raised: the process never runs unactivated."""
@@ -175,17 +260,25 @@ def get_setting(name: str) -> Any:
 
 def set_setting(name: str, value: Any) -> None:
     """Validate and apply ``ft.<name> = value``. Invalid values raise and change nothing. While a
-    backend is active it is re-activated with the new value (restored if that fails); an
-    ``FL_*`` variable that sets the same setting still wins, as over any setting in code."""
+    backend is active the new value is applied in place, without deactivating (other threads
+    keep a patched torch throughout); if that fails the previous value stays. An ``FL_*``
+    variable that sets the same setting still wins, as over any setting in code."""
+    if name in CHOSEN_AT_INIT:
+        raise ConfigError(f"ft.{name} cannot be assigned: {CHOSEN_AT_INIT[name]}")
     if name not in ASSIGNABLE:
         raise ConfigError(f"{name!r} cannot be assigned.{suggestion(name, ASSIGNABLE)} Assignable: {', '.join(ASSIGNABLE)}")
     new = getattr(config.settings_from({name: value}), name)
     variable = variables.SETTING_VARIABLES[name]
     with _lock:
-        _assigned[name] = new
         if variables.raw(variable) is not None:
+            _assigned[name] = new
             log.info("%s=%s overrides ft.%s = %r", variable, variables.raw(variable), name, value)
             return
         if _current is not None and getattr(_current.settings, name) != new:
+            from .selection import check_memory_limit
+
             settings = dataclasses.replace(_current.settings, **{name: new})
-            _replace_active(dataclasses.replace(_current, settings=settings))
+            changed = dataclasses.replace(_current, settings=settings)
+            check_memory_limit(changed)
+            _change_active(changed)
+        _assigned[name] = new

@@ -95,15 +95,16 @@ def parse_memory_limit(value: Any) -> Optional[MemoryLimit]:
 
 
 def _parse_memory_string(text: str) -> MemoryLimit:
+    """ASCII digits only: ``'４０GiB'`` (full-width digits) is malformed, not 40 GiB."""
     s = text.strip().replace(" ", "")
-    if re.fullmatch(r"\d+", s):
+    if re.fullmatch(r"[0-9]+", s):
         return parse_memory_limit(int(s))
-    m = re.fullmatch(r"(\d+(?:\.\d*)?)%", s)
+    m = re.fullmatch(r"([0-9]+(?:\.[0-9]*)?)%", s)
     if m:
         return parse_memory_limit(float(m.group(1)) / 100)
-    if re.fullmatch(r"\d*\.\d+|\d+\.", s):
+    if re.fullmatch(r"[0-9]*\.[0-9]+|[0-9]+\.", s):
         return parse_memory_limit(float(s))
-    m = re.fullmatch(r"(\d+(?:\.\d+)?)([A-Za-z]+)", s)
+    m = re.fullmatch(r"([0-9]+(?:\.[0-9]+)?)([A-Za-z]+)", s)
     if m and m.group(2).lower() in _UNITS:
         return parse_memory_limit(int(float(m.group(1)) * _UNITS[m.group(2).lower()]))
     units = ", ".join(["B", "KB", "MB", "GB", "TB", "KiB", "MiB", "GiB", "TiB"])
@@ -116,7 +117,7 @@ def parse_clear_interval(value: Any) -> Optional[int]:
     """None or a positive number of optimizer steps between memory-pool clears."""
     if value is None:
         return None
-    if isinstance(value, str) and re.fullmatch(r"\s*\d+\s*", value):
+    if isinstance(value, str) and re.fullmatch(r"\s*[0-9]+\s*", value):
         value = int(value)
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ConfigError(
@@ -127,7 +128,7 @@ def parse_clear_interval(value: Any) -> Optional[int]:
 
 
 _TRUE = {"1", "true", "yes", "on"}
-_FALSE = {"0", "false", "no", "off", ""}
+_FALSE = {"0", "false", "no", "off"}
 
 
 def parse_bool(name: str, value: Any) -> bool:
@@ -146,9 +147,9 @@ def parse_gpu_ids(value: Any, device_count: Optional[int] = None) -> Optional[Tu
     if value is None:
         return None
     if isinstance(value, str):
-        items = [p.strip() for p in value.split(",") if p.strip()]
-        if not all(re.fullmatch(r"-?\d+", p) for p in items):
-            raise ConfigError(f"gpu_ids={value!r} is not a comma-separated list of integers")
+        items = [p.strip() for p in value.split(",")]
+        if not all(re.fullmatch(r"-?[0-9]+", p) for p in items):
+            raise ConfigError(f"gpu_ids={value!r} is not a comma-separated list of integers (e.g. '0,1')")
         value = [int(p) for p in items]
     if isinstance(value, int) and not isinstance(value, bool):
         value = [value]

@@ -94,9 +94,17 @@ class Selection:
 
 
 def parse_backend_list(value: Union[str, Sequence[str]], source: str) -> List[str]:
-    """``"ascend,cuda,cpu"`` or a list -> canonical names, in order; unknown names are errors."""
-    items = value.split(",") if isinstance(value, str) else list(value)
-    names = [str(item).strip() for item in items if str(item).strip()]
+    """``"ascend,cuda,cpu"`` or a list of names -> canonical names, in order; unknown names and
+    anything but a string or a list/tuple of strings are ConfigErrors."""
+    if isinstance(value, str):
+        items = value.split(",")
+    elif isinstance(value, (list, tuple)) and all(isinstance(item, str) for item in value):
+        items = list(value)
+    else:
+        raise ConfigError(f"{source}={value!r} is not valid: give a backend name such as 'cpu', a "
+                          f"comma-separated string or a list of names; valid names: "
+                          f"{', '.join(registry().valid_names())}")
+    names = [item.strip() for item in items if item.strip()]
     if not names:
         raise ConfigError(f"{source} is empty; valid names: {', '.join(registry().valid_names())}")
     canonical = []
@@ -109,7 +117,7 @@ def parse_backend_list(value: Union[str, Sequence[str]], source: str) -> List[st
 
 
 def default_probe(name: str) -> ProbeResult:
-    return registry().get(name).probe(count_ops=False)
+    return registry().get(name).probe(count_ops=False, query_tools=False)
 
 
 def choose(
@@ -138,6 +146,7 @@ def _first_available(names: List[str], probe: Probe, source: str, origin: str):
     reasons: Dict[str, str] = {}
     for position, name in enumerate(names):
         result = probe(name)
+        result.raise_if_misconfigured()
         if result.available:
             why = f"requested by {origin}"
             if position:
@@ -156,6 +165,7 @@ def _auto(probe: Probe):
         if not backend.auto_selectable:
             continue
         result = probe(backend.name)
+        result.raise_if_misconfigured()
         if result.available:
             why = "highest-priority available backend"
             if skipped:
@@ -186,18 +196,46 @@ def build_selection(
 ) -> Selection:
     """Validate every input (settings, routing and the chosen chip's own) and decide; raises
     before anything is activated if any input is bad."""
+    variables.validate(environ)
     merged = merge_settings(settings or {}, environ)
     routing = routing_config(environ)
-    kernel_packages = variables.read("FL_CUDA_KERNEL_PACKAGES", environ)
     name, source, why, result = choose(backend, environ, probe)
+    return assemble(name, source, why, result, merged, routing, environ)
+
+
+def assemble(name: str, source: str, why: str, result: ProbeResult, merged: config.Settings,
+             routing: RoutingConfig, environ: Mapping[str, str] = os.environ) -> Selection:
+    """The Selection of backend ``name`` as probed (``result``) with validated settings: ranges
+    ``gpu_ids`` and checks the memory limit against the devices' memory."""
     chip = registry().get(name)
     count = result.device_count
     devices = config.parse_gpu_ids(merged.gpu_ids, count) if merged.gpu_ids else _first_devices(count, environ)
-    return Selection(
+    selection = Selection(
         backend=name, chip=chip, devices=devices, settings=dataclasses.replace(merged, gpu_ids=devices),
         source=source, reason=why, options=chip.options(environ), routing=routing,
-        cuda_kernel_packages=kernel_packages, probe=result,
+        cuda_kernel_packages=variables.read("FL_CUDA_KERNEL_PACKAGES", environ), probe=result,
     )
+    check_memory_limit(selection)
+    return selection
+
+
+def check_memory_limit(selection: Selection) -> None:
+    """ConfigError when ``memory_virtual_limit`` resolves, on a device whose memory is known, to
+    less than 1 MiB or to more than the device has."""
+    limit = selection.settings.memory_virtual_limit
+    if limit is None:
+        return
+    for logical in range(len(selection.devices)):
+        total, resolved = selection.device_memory(logical), selection.memory_limit_bytes(logical)
+        if total is None or resolved is None:
+            continue
+        if resolved < config.MIB:
+            raise ConfigError(f"memory_virtual_limit={limit} is {resolved} bytes on device {logical}, below "
+                              f"the minimum of 1 MiB; give a larger limit")
+        if resolved > total:
+            raise ConfigError(f"memory_virtual_limit={limit} is more than device {logical} of backend "
+                              f"{selection.backend!r} has ({config.format_bytes(total)}); give at most that, "
+                              "or a fraction such as '90%'")
 
 
 def _first_devices(count: int, environ: Mapping[str, str]) -> Tuple[int, ...]:

@@ -49,6 +49,7 @@ def prepare_environment(
     if backends:
         variables.assign(environ, "FL_BACKEND", ",".join(backends))
         variables.assign(environ, "FL_BACKEND_FROM_LAUNCHER", "1")
+        environ.pop("FL_PARENT_ACTIVATION", None)  # a nested launcher's own choice wins
     if log_level:
         variables.assign(environ, "FL_LOG_LEVEL", log_level)
     if report:

@@ -124,6 +124,11 @@ _DECLARED = (
              internal=True),
     Variable("FL_RUN_REPORT", _flag, False, "`1`: print the routing report at exit (`run --report`)",
              internal=True),
+    Variable("FL_PARENT_ACTIVATION", _text, None,
+             "the activation of the parent process under `run` (JSON), which its children reuse",
+             internal=True),
+    Variable("FL_VISIBLE_DEVICES_TRANSLATED", _text, None,
+             "vendor mask variables set from `CUDA_VISIBLE_DEVICES` (`NAME=VALUE;...`)", internal=True),
 )
 VARIABLES: Dict[str, Variable] = {v.name: v for v in _DECLARED}
 
@@ -139,6 +144,13 @@ def variable(name: str) -> Variable:
 def read(name: str, environ: Mapping[str, str] = os.environ) -> Any:
     """The parsed value of variable ``name`` (its default when unset)."""
     return variable(name).read(environ)
+
+
+def validate(environ: Mapping[str, str] = os.environ) -> None:
+    """Parse every declared variable that is set; raises the first ConfigError (a bad value is
+    rejected even when the backend chosen would not read it)."""
+    for declared in _DECLARED:
+        declared.read(environ)
 
 
 def raw(name: str, environ: Mapping[str, str] = os.environ) -> Optional[str]:

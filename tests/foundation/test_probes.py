@@ -114,7 +114,8 @@ def test_no_nvidia_driver(tool_dir, monkeypatch):
     if os.path.exists("/proc/driver/nvidia/version"):
         pytest.skip("this machine has an NVIDIA kernel driver")
     result = registry().get("cuda").probe()
-    assert result.reason == "no NVIDIA driver found" and "nvidia-smi not found" in result.notes
+    assert result.reason == "no NVIDIA driver found"
+    assert result.notes == []  # no driver: its query tool is not even looked for
 
 
 def test_cpu_build_with_driver_present(tool_dir, monkeypatch):
@@ -170,7 +171,7 @@ def test_cuda_visible_devices_is_translated_for_the_vendor(plugin_dir, monkeypat
     monkeypatch.delenv("ASCEND_RT_VISIBLE_DEVICES", raising=False)
     registry().get("ascend").probe()
     assert sys.modules["torch_npu"].seen == "2,3"  # set before the runtime started
-    monkeypatch.delenv("ASCEND_RT_VISIBLE_DEVICES")
+    assert "ASCEND_RT_VISIBLE_DEVICES" not in os.environ  # restored after the probe
 
 
 def test_cpu_logical_devices(monkeypatch):

@@ -68,7 +68,7 @@ def family(tmp_path_factory):
 def test_subprocess_python_child_is_activated_after_torch_finished_importing(family):
     main, child = state(family.stdout, "main"), state(family.stdout, "subprocess")
     assert child["pid"] != main["pid"]
-    assert (child["backend"], child["source"]) == ("cpu", "launcher")
+    assert (child["backend"], child["source"]) == ("cpu", "inherited")  # the parent's activation, not probed again
     assert child["loader"] == "SourceFileLoader"  # the watcher leaves torch's module as it was
 
 

@@ -15,6 +15,7 @@ from typing import Any, FrozenSet, List, Mapping, Optional, Tuple
 
 from ..log import get_logger
 from . import probe as _probe
+from . import visible as _visible
 
 log = get_logger("backends")
 
@@ -31,7 +32,7 @@ class ProbeResult:
     """What probing one backend found. ``reason`` says in plain words why it is unavailable."""
 
     backend: str
-    status: str  # "available", "unavailable" or "on-request"
+    status: str  # "available", "unavailable", "on-request" or "misconfigured"
     reason: Optional[str] = None
     devices: List[DeviceInfo] = dataclasses.field(default_factory=list)
     driver: Optional[str] = None
@@ -42,6 +43,14 @@ class ProbeResult:
     @property
     def available(self) -> bool:
         return self.status in ("available", "on-request")
+
+    def raise_if_misconfigured(self) -> None:
+        """Raise ConfigError when the probe found a bad setting (not a missing chip): an ordered
+        list or automatic selection must not silently skip a backend that was asked for wrongly."""
+        if self.status == "misconfigured":
+            from ..errors import ConfigError
+
+            raise ConfigError(f"backend {self.backend!r} is misconfigured: {self.reason}")
 
     @property
     def device_count(self) -> int:
@@ -106,30 +115,57 @@ class Backend:
     profiler_activity: Optional[str] = None
 
     # ----------------------------------------------------------------- probing
-    def probe(self, timeout: Optional[float] = None, count_ops: bool = True) -> ProbeResult:
+    def probe(self, timeout: Optional[float] = None, count_ops: bool = True, query_tools: bool = True,
+              driver: Optional[Tuple[Optional[str], Optional[str]]] = None) -> ProbeResult:
         """Find whether this backend can run here. Never raises and never hangs past ``timeout``
-        per step; every failure becomes ``reason``."""
+        per step; every failure becomes ``reason``, and a misconfiguration (a ConfigError)
+        becomes status ``"misconfigured"``. The vendor's query tool (which only adds the driver
+        version) is run when ``query_tools`` is True, unless ``driver`` (a result of
+        :meth:`query_driver` obtained already) is given."""
+        from ..errors import ConfigError
+
         timeout = _probe.probe_timeout() if timeout is None else timeout
         result = ProbeResult(backend=self.name, status="unavailable")
-        result.driver, driver_problem = self.query_driver(timeout)
+        if driver is None and query_tools:
+            driver = self.query_driver(timeout)
+        result.driver, driver_problem = driver or (None, None)
         if driver_problem:
             result.notes.append(driver_problem)
         try:
             self.check_host(result, driver_problem)
-            module = self.load_runtime(timeout)
-            result.runtime = self.runtime_version(module)
-            result.devices = self.list_devices(module, timeout)
+            with _visible.translated(self.visible_devices_env if self.plugin_found() else None):
+                module = self.load_runtime(timeout)
+                result.runtime = self.runtime_version(module)
+                result.devices = self.list_devices(module, timeout)
         except Unavailable as exc:
             result.reason = exc.reason
+            return result
+        except ConfigError as exc:
+            result.status, result.reason = "misconfigured", str(exc)
             return result
         result.status = "available"
         if count_ops:
             result.native_ops = len(self.native_ops(self.options()))
         return result
 
+    def plugin_found(self) -> bool:
+        """Whether the vendor plugin is installed (found, not imported); True for none needed."""
+        if not self.plugin_module:
+            return True
+        try:
+            return importlib.util.find_spec(self.plugin_module) is not None
+        except (ImportError, ValueError):
+            return False
+
+    def driver_present(self) -> bool:
+        """Whether the vendor's query tool is worth running here (its plugin or driver is
+        present). Default: the plugin is installed."""
+        return self.plugin_found()
+
     def query_driver(self, timeout: float) -> Tuple[Optional[str], Optional[str]]:
-        """(driver version, None) from the query tool, or (None, problem)."""
-        if not self.query_tool:
+        """(driver version, None) from the query tool, or (None, problem); (None, None) when
+        there is no tool or :meth:`driver_present` says there is nothing to ask it about."""
+        if not self.query_tool or not self.driver_present():
             return None, None
         out, problem = _probe.run_tool(list(self.query_tool), timeout)
         if problem:
@@ -144,9 +180,8 @@ class Backend:
 
     def load_runtime(self, timeout: float) -> Any:
         """Import the vendor plugin (if any) and return the torch device module."""
-        translate_visible_devices(self.visible_devices_env)
         if self.plugin_module:
-            if importlib.util.find_spec(self.plugin_module) is None:
+            if not self.plugin_found():
                 raise Unavailable(f"{self.plugin_module} is not installed")
             _, problem = _probe.call_with_timeout(
                 lambda: importlib.import_module(self.plugin_module), timeout,
@@ -226,15 +261,49 @@ class Backend:
         if unapplied:
             log.warning("accepted but not applied on backend %s in this version: %s",
                         self.name, ", ".join(unapplied))
-        if self.plugin_module:
-            from ..compat import check_plugin
+        undo_mask = _visible.translate(self.visible_devices_env if self.plugin_found() else None)
+        try:
+            if self.plugin_module:
+                self._import_plugin()
+                from ..compat import check_plugin
 
-            check_plugin(self.plugin_module, self.plugin_version(), self.tested_plugin_versions)
-        return self.start(selection)
+                check_plugin(self.plugin_module, self.plugin_version(), self.tested_plugin_versions)
+            undo_start = self.start(selection)
+        except BaseException:
+            if undo_mask is not None:
+                undo_mask()
+            raise
+        return _chain(undo_start, undo_mask)
+
+    def _import_plugin(self) -> None:
+        """Import the vendor plugin if no probe of this process has (a child reusing its
+        parent's probe); BackendUnavailableError when it cannot be imported."""
+        import sys
+
+        if self.plugin_module in sys.modules:
+            return
+        try:
+            self.load_runtime(_probe.probe_timeout())
+        except Unavailable as exc:
+            from ..errors import BackendUnavailableError
+
+            raise BackendUnavailableError(self.name, exc.reason) from None
 
     def start(self, selection) -> Optional[Any]:
         """What the chip's runtime needs before use (override); returns an undo or None."""
         return None
+
+    def update_settings(self, old, new) -> None:
+        """Apply a change of the assignable settings (``old`` -> ``new`` selection, same chip
+        and devices) to the running chip in place; raise to refuse it, leaving ``old`` in force.
+        Default: nothing to apply; warns about changed settings the backend does not act on."""
+        changed = [name for name in ("memory_virtual_limit", "memory_pool_clear_interval",
+                                     "enable_mixed_precision")
+                   if getattr(old.settings, name) != getattr(new.settings, name)]
+        unapplied = [text for text in self.unapplied_settings(new.settings) if text.split("=")[0] in changed]
+        if unapplied:
+            log.warning("accepted but not applied on backend %s in this version: %s",
+                        self.name, ", ".join(unapplied))
 
     def unapplied_settings(self, settings) -> List[str]:
         """The settings given in ``settings`` that this backend does not act on yet."""
@@ -265,12 +334,14 @@ class Backend:
         return f"<{type(self).__name__} {self.name!r}>"
 
 
-def translate_visible_devices(variable: Optional[str], environ=os.environ) -> None:
-    """Copy ``CUDA_VISIBLE_DEVICES`` to the vendor's variable (e.g. ``ASCEND_RT_VISIBLE_DEVICES``)
-    before its runtime starts, unless the vendor's variable is set already."""
-    cuda_mask = environ.get("CUDA_VISIBLE_DEVICES")
-    if variable and cuda_mask is not None and variable not in environ:
-        environ[variable] = cuda_mask
-        from ..log import get_logger
+def _chain(*undos: Optional[Any]) -> Optional[Any]:
+    """One undo running ``undos`` (None ones skipped) in the order given."""
+    steps = [u for u in undos if u is not None]
+    if not steps:
+        return None
 
-        get_logger("backends").info("CUDA_VISIBLE_DEVICES=%s applied as %s", cuda_mask, variable)
+    def undo() -> None:
+        for step in steps:
+            step()
+
+    return undo

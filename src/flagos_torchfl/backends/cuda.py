@@ -26,6 +26,9 @@ class CudaBackend(Backend):
     query_tool = ("nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader")
     driver_pattern = r"(?m)^\s*(\d+\.\d+(?:\.\d+)?)\s*$"
 
+    def driver_present(self) -> bool:
+        return nvidia_driver_present()
+
     def check_host(self, result, driver_problem):
         import torch
 

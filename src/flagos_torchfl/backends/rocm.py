@@ -22,10 +22,13 @@ class RocmBackend(Backend):
     query_tool = ("rocm-smi", "--showdriverversion")
     driver_pattern = r"[Dd]river version:\s*([\w.\-]+)"
 
+    def driver_present(self) -> bool:
+        return os.path.exists("/dev/kfd") or shutil.which("rocm-smi") is not None
+
     def check_host(self, result, driver_problem):
         import torch
 
-        if not (os.path.exists("/dev/kfd") or shutil.which("rocm-smi")):
+        if not self.driver_present():
             raise Unavailable("no AMD ROCm driver found")
         if not getattr(torch.version, "hip", None):
             raise Unavailable("torch was built without ROCm (HIP)")

@@ -35,12 +35,12 @@ class SimBackend(Backend):
     enforces_memory_limit = True
     pins_at_allocation = False  # a Python PrivateUse1 backend cannot register a pinned allocator
 
-    def probe(self, timeout=None, count_ops=True) -> ProbeResult:
+    def probe(self, timeout=None, count_ops=True, query_tools=True, driver=None) -> ProbeResult:
         result = ProbeResult(backend=self.name, status="on-request")
         try:
             count = logical_device_count(self.devices_env)
         except ConfigError as exc:
-            return ProbeResult(backend=self.name, status="unavailable", reason=str(exc))
+            return ProbeResult(backend=self.name, status="misconfigured", reason=str(exc))
         result.devices = [DeviceInfo(i, "flagos sim device", NOMINAL_MEMORY) for i in range(count)]
         result.notes.append("not probed: registering it claims PrivateUse1 for the process")
         return result
@@ -91,3 +91,11 @@ class SimBackend(Backend):
             sim.set_memory_limit(limit)
         sim.install(num_devices=count, native_ops=selection.options["native_ops"], memory_limit=limit)
         return None
+
+    def update_settings(self, old, new) -> None:
+        """A new ``memory_virtual_limit`` takes effect at once (the allocator checks it)."""
+        super().update_settings(old, new)
+        from .. import sim
+
+        if old.memory_limit_bytes() != new.memory_limit_bytes():
+            sim.set_memory_limit(new.memory_limit_bytes())

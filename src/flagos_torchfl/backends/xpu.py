@@ -20,11 +20,14 @@ class XpuBackend(Backend):
     driver_pattern = r"Driver Version\s*:\s*(\S+)"
     visible_devices_env = "ZE_AFFINITY_MASK"
 
-    def check_host(self, result, driver_problem):
+    def driver_present(self) -> bool:
         import torch
 
         xpu = getattr(torch, "xpu", None)
-        if xpu is None or not xpu._is_compiled():
+        return xpu is not None and xpu._is_compiled()
+
+    def check_host(self, result, driver_problem):
+        if not self.driver_present():
             raise Unavailable("torch was built without XPU support")
 
     def runtime_version(self, module):

@@ -11,7 +11,9 @@ interpreters inherit both, so Python's ``site`` module runs this file at start-u
 Python prints and then ignores errors raised by start-up hooks, and activation happens inside an
 ``import torch`` that the program may guard with ``except``; so a failed activation is never
 raised: it prints ``flagos_torchfl: cannot activate backend ...`` and ends the process with
-exit code 1, rather than letting it run on the wrong device.
+exit code 1, rather than letting it run on the wrong device. An interpreter that has torch but
+not this package runs unactivated with one warning, unless ``FL_BACKEND`` asks for a backend
+(then it ends with exit code 1, saying the package is missing there).
 
 Standard library only, and nothing imported that start-up has not loaded already.
 """
@@ -41,13 +43,40 @@ def _abort(exc):
 
 
 def _activate():
-    """Activate the backend the inherited ``FL_*`` environment asks for, or abort."""
+    """Activate the backend the inherited ``FL_*`` environment asks for, or abort. In an
+    interpreter that has torch but not this package, see :func:`_package_missing`."""
     try:
         from flagos_torchfl.startup import activate
-
+    except ModuleNotFoundError as exc:
+        if exc.name == "flagos_torchfl":
+            _package_missing()
+            return
+        _abort(exc)
+    except BaseException as exc:
+        _abort(exc)
+    try:
         activate()
     except BaseException as exc:  # even SystemExit: the process must not go on unactivated
         _abort(exc)
+
+
+def _package_missing():
+    """A foreign interpreter (an evaluation venv, a tool's own environment) imported torch but
+    cannot import flagos_torchfl. With ``FL_BACKEND`` set, a backend was asked for explicitly:
+    end the process with exit code 1, saying the package is missing there. Otherwise run it
+    unactivated, with one warning on stderr."""
+    backend = os.environ.get("FL_BACKEND", "").strip()
+    where = f"this Python interpreter ({sys.executable})"
+    if backend:
+        _abort(ModuleNotFoundError(
+            f"flagos_torchfl is not installed in {where}, which FL_BACKEND={backend} asks to "
+            "activate; install flagos_torchfl there, or unset FL_BACKEND for this program"))
+    try:
+        sys.stderr.write(f"flagos_torchfl: warning: not installed in {where}; this process runs "
+                         "with torch unchanged (no backend activated)\n")
+        sys.stderr.flush()
+    except Exception:
+        pass
 
 
 def _restore_loader(module, loader):

@@ -9,6 +9,7 @@ import argparse
 import sys
 from typing import List, Optional
 
+from ..errors import ConfigError
 from . import detect, env, ops, run
 
 COMMANDS = [detect, env, run, ops]
@@ -31,4 +32,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
-    return int(args.func(args) or 0)
+    try:
+        return int(args.func(args) or 0)
+    except ConfigError as exc:  # a bad FL_* value or option: say so, no traceback
+        print(f"flagos-torchfl {args.command}: error: {exc}", file=sys.stderr)
+        return 2

@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 
 from ..backends import registry
+from ..backends.probe import probe_timeout, query_drivers
 from ..config import format_bytes
 from ..routing.plan import category_summary
 from ..selection import would_pick
@@ -16,12 +17,17 @@ def add_parser(sub) -> None:
 
 
 def collect() -> dict:
-    """Probe every registered backend (each bounded in time) and say what auto would pick."""
+    """Probe every registered backend and say what auto would pick. The vendors' query tools run
+    all at once (one ``FL_PROBE_TIMEOUT`` in all), then each backend's runtime is probed (each
+    step bounded). Raises ConfigError for a bad ``FL_PROBE_TIMEOUT``."""
     reg = registry()
+    timeout = probe_timeout()
     rows = []
     probes = {}
-    for backend in reg.backends():
-        result = backend.probe()
+    backends = reg.backends()
+    drivers = query_drivers(backends, timeout)
+    for backend in backends:
+        result = backend.probe(timeout, driver=drivers[backend.name])
         probes[backend.name] = result
         rows.append({**backend.describe(), **result.as_dict(), "device_count": result.device_count,
                      "categories": category_summary(backend, result.available)})
@@ -35,6 +41,8 @@ def collect() -> dict:
 def _status(row: dict) -> str:
     if row["status"] == "available":
         return "available"
+    if row["status"] == "misconfigured":
+        return f"misconfigured: {row['reason']}"
     if row["status"] == "on-request":
         return f"available on request (FL_BACKEND={row['name']})"
     return f"not available: {row['reason']}"

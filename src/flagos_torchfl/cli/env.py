@@ -56,9 +56,9 @@ def report() -> str:
 
 
 def environment(environ: Mapping[str, str]) -> List[str]:
-    """``NAME=value`` for each set variable the package declares and each device variable;
-    other ``FL_*`` names are listed as unknown (with the closest declared name), and values of
-    names that suggest a secret are masked."""
+    """``NAME=value`` for each set variable the package declares and each device variable
+    (values of names that suggest a secret masked); other ``FL_*`` names are listed as unknown,
+    with the closest declared name and without their value."""
     devices = {*DEVICE_VARIABLES, *(b.visible_devices_env for b in registry().backends() if b.visible_devices_env)}
     shown = []
     for name in sorted(environ):
@@ -66,7 +66,8 @@ def environment(environ: Mapping[str, str]) -> List[str]:
         if name in variables.VARIABLES or name in devices:
             shown.append(f"{name}={value}")
         elif name.startswith("FL_"):
-            shown.append(f"{name}={value} (not a flagos_torchfl variable.{suggestion(name, variables.VARIABLES)})")
+            shown.append(f"{name} (not a flagos_torchfl variable.{suggestion(name, variables.VARIABLES)} "
+                         "Value not shown)")
     return shown
 
 

@@ -3,6 +3,7 @@ chip's native operator table (replayable on ``sim`` with ``FL_SIM_NATIVE_OPS=FIL
 from __future__ import annotations
 
 import json
+import sys
 from collections import Counter
 
 from ..errors import FlagOSError
@@ -55,9 +56,13 @@ def run(args) -> int:
         import torch
 
         data = {"backend": backend.name, "torch": torch.__version__, "native_ops": sorted(native)}
-        with open(args.export, "w", encoding="utf-8") as fh:
-            json.dump(data, fh, indent=1)
-            fh.write("\n")
+        try:
+            with open(args.export, "w", encoding="utf-8") as fh:
+                json.dump(data, fh, indent=1)
+                fh.write("\n")
+        except OSError as exc:
+            print(f"ops: cannot write {args.export!r}: {exc.strerror or exc}", file=sys.stderr)
+            return 1
         print(f"wrote {len(native)} native operators of {backend.name} to {args.export}; "
               f"replay with FL_SIM_NATIVE_OPS={args.export} FL_BACKEND=sim")
         return 0

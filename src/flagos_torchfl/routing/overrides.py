@@ -69,12 +69,13 @@ def parse_spec(text: str, where: str = "FL_OP_ROUTE") -> Overrides:
 
 
 def load_file(path) -> Overrides:
-    """Read a routing config file (JSON, or TOML where ``tomllib`` exists)."""
+    """Read a routing config file (JSON, or TOML where ``tomllib`` exists); ConfigError naming
+    the file for a missing file, a directory, a file that is not UTF-8 text or bad content."""
+    if not isinstance(path, (str, os.PathLike)) or not str(path).strip():
+        raise ConfigError(f"routing config path {path!r} is not valid: give the path of a JSON or TOML file")
     p = Path(path)
     where = f"routing config {str(p)!r}"
-    if not p.is_file():
-        raise ConfigError(f"{where} does not exist")
-    text = p.read_text(encoding="utf-8")
+    text = read_text_file(p, where)
     if p.suffix.lower() == ".toml":
         try:
             import tomllib
@@ -95,6 +96,22 @@ def load_file(path) -> Overrides:
     if unknown:
         raise ConfigError(f"{where}: unknown key {unknown[0]!r}; the only key is 'routes'")
     return expand(data["routes"], where)
+
+
+def read_text_file(path, where: str) -> str:
+    """The UTF-8 text of ``path``; ConfigError starting with ``where`` when it is missing, a
+    directory, unreadable or not UTF-8."""
+    p = Path(path)
+    if p.is_dir():
+        raise ConfigError(f"{where} is a directory, not a file")
+    if not p.exists():
+        raise ConfigError(f"{where} does not exist")
+    try:
+        return p.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{where} is not UTF-8 text (byte {exc.start}: {exc.reason})") from None
+    except OSError as exc:
+        raise ConfigError(f"{where} cannot be read: {exc.strerror or exc}") from None
 
 
 def from_env(environ: Mapping[str, str] = os.environ) -> Overrides:

@@ -19,7 +19,8 @@ from .gaps import resolve_gaps
 def native_table(chip, environ: Mapping[str, str] = os.environ) -> FrozenSet[str]:
     """A chip's native overloads (loading its runtime if needed). Raises
     BackendUnavailableError when the chip is not here, ConfigError for bad chip options."""
-    result = chip.probe(count_ops=False)
+    result = chip.probe(count_ops=False, query_tools=False)
+    result.raise_if_misconfigured()
     if not result.available:
         raise BackendUnavailableError(chip.name, result.reason or "unavailable")
     return chip.native_ops(chip.options(environ))

@@ -9,6 +9,7 @@ import functools
 import json
 import logging
 import os
+import re
 from typing import Callable, Iterable
 
 import torch
@@ -188,11 +189,21 @@ def parse_native_ops(spec: str,
     ``resolve_name``, when given, is asked first about every name; a non-empty answer replaces
     the name by the names it lists (so a caller can offer categories or aliases), which are then
     resolved as ATen names. Overloads that cannot run natively (:func:`can_run_natively`) are
-    dropped. Raises :class:`ConfigError` for an unknown name, a missing or malformed file.
+    dropped. Raises :class:`ConfigError` for an unknown name or one that cannot be an operator
+    name, a missing, unreadable or malformed file, or a list that names nothing. Linear in the
+    number of names: each distinct name is resolved once.
     """
     names = _read_names(spec)
+    if not names:
+        raise ConfigError(f"FL_SIM_NATIVE_OPS={spec.strip()!r} names no operator; give operator names, "
+                          "categories or a file listing them (unset it for the default set)")
+    distinct = dict.fromkeys(names)
+    bad = next((n for n in distinct if not _OPERATOR_NAME.fullmatch(n)), None)
+    if bad is not None:
+        raise ConfigError(f"{bad[:80]!r} in FL_SIM_NATIVE_OPS is not an operator name "
+                          "(e.g. 'add', 'aten::add.Tensor', 'softmax')")
     result: set[str] = set()
-    for name in names:
+    for name in distinct:
         expanded = list(resolve_name(name) or ()) if resolve_name is not None else []
         for entry in expanded or [name]:
             result.update(resolve_aten_name(entry))
@@ -204,12 +215,19 @@ def parse_native_ops(spec: str,
     return kept
 
 
+#: what a native-ops entry can be: an ATen name with an optional overload, or a semantic name
+#: (letters, digits, ``_``, ``-``, spaces inside)
+_OPERATOR_NAME = re.compile(r"(?:aten::)?[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z0-9_]+)?|[A-Za-z][A-Za-z0-9_\- ]*")
+
+
 def _looks_like_path(spec: str) -> bool:
     return os.sep in spec or "/" in spec or spec.lower().endswith((".json", ".txt"))
 
 
 def _read_names(spec: str) -> list[str]:
     spec = spec.strip()
+    if os.path.isdir(spec):
+        raise ConfigError(f"FL_SIM_NATIVE_OPS names a directory, not a file: {spec!r}")
     if os.path.isfile(spec):
         return _read_file(spec)
     if _looks_like_path(spec):
@@ -218,8 +236,13 @@ def _read_names(spec: str) -> list[str]:
 
 
 def _read_file(path: str) -> list[str]:
-    with open(path, encoding="utf-8") as f:
-        text = f.read()
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"native op file {path!r} is not UTF-8 text (byte {exc.start}: {exc.reason})") from None
+    except OSError as exc:
+        raise ConfigError(f"native op file {path!r} cannot be read: {exc.strerror or exc}") from None
     if path.lower().endswith(".json") or text.lstrip().startswith(("[", "{")):
         try:
             data = json.loads(text)
@@ -235,8 +258,6 @@ def _read_file(path: str) -> list[str]:
         if not isinstance(data, list) or not all(isinstance(n, str) for n in data):
             raise ConfigError(f"native op file {path!r} must hold a list of operator names")
         return [n.strip() for n in data if n.strip()]
-    names = []
-    for line in text.splitlines():
-        line = line.split("#", 1)[0]
-        names.extend(n.strip() for n in line.split(",") if n.strip())
-    return names
+    if "#" in text:
+        text = "\n".join(line.split("#", 1)[0] for line in text.splitlines())
+    return [n for n in map(str.strip, text.replace("\n", ",").split(",")) if n]
