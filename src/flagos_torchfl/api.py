@@ -40,11 +40,25 @@ def _activate_redirect(selection: Selection) -> Optional[Callable[[], None]]:
     return redirect.activate(selection)
 
 
+def _activate_memory(selection: Selection) -> Optional[Callable[[], None]]:
+    from . import memory
+
+    return memory.activate(selection)
+
+
+def _activate_precision(selection: Selection) -> Optional[Callable[[], None]]:
+    from . import precision
+
+    return precision.activate(selection)
+
+
 #: (name, step) in activation order. Each step takes the Selection and returns an undo callable
-#: (or None); the routing and redirect layers are imported only when a backend is activated.
+#: (or None); the layers are imported only when a backend is activated.
 ACTIVATION_STEPS: Tuple[Tuple[str, Callable[[Selection], Optional[Callable[[], None]]]], ...] = (
     ("backend", _activate_chip),
     ("routing", _activate_routing),
+    ("memory", _activate_memory),
+    ("precision", _activate_precision),
     ("redirect", _activate_redirect),
 )
 

@@ -15,6 +15,7 @@ class AscendBackend(Backend):
     supports_float64 = False
     priority = 90
     kernel_libraries = ("flaggems",)
+    allocator_conf_env = "PYTORCH_NPU_ALLOC_CONF"
     plugin_module = "torch_npu"
     query_tool = ("npu-smi", "info")
     driver_pattern = r"Version:\s*([\w.\-]+)"

@@ -11,9 +11,10 @@ import importlib
 import importlib.util
 import os
 from types import MappingProxyType
-from typing import Any, FrozenSet, List, Mapping, Optional, Tuple
+from typing import Any, Callable, FrozenSet, List, Mapping, Optional, Tuple
 
 from ..log import get_logger
+from . import memory as _memory
 from . import probe as _probe
 
 log = get_logger("backends")
@@ -85,8 +86,9 @@ class Backend:
     #: (semantic names, categories or ATen names; "*": every native operator), e.g.
     #: ``{"float64": ("matmul", "aten::cumsum")}``. Routing gives them a route for those dtypes.
     dtype_gaps: Mapping[str, Tuple[str, ...]] = MappingProxyType({})
-    #: whether activation enforces ``memory_virtual_limit`` on this backend
-    enforces_memory_limit: bool = False
+    #: the variable the chip's caching allocator reads its options from when its runtime starts
+    #: (``FL_EXPANDABLE_SEGMENTS=1`` adds ``expandable_segments:True`` to it); None: no such options
+    allocator_conf_env: Optional[str] = None
     #: whether pinned host memory means anything here (False: ``pin_memory()`` is a no-op)
     pins_memory: bool = True
     #: whether process groups and DDP are bound to one device (False: ``device_id`` / DDP
@@ -137,6 +139,9 @@ class Backend:
     def load_runtime(self, timeout: float) -> Any:
         """Import the vendor plugin (if any) and return the torch device module."""
         translate_visible_devices(self.visible_devices_env)
+        conf = _memory.add_allocator_option(self.allocator_conf_env)
+        if conf is not None:
+            log.info("FL_EXPANDABLE_SEGMENTS=1 applied as %s=%s", self.allocator_conf_env, conf)
         if self.plugin_module:
             if importlib.util.find_spec(self.plugin_module) is None:
                 raise Unavailable(f"{self.plugin_module} is not installed")
@@ -209,15 +214,42 @@ class Backend:
 
         return getattr(torch, self.device_type)
 
+    # ----------------------------------------------------------------- memory
+    def apply_memory_limit(self, selection) -> Optional[Callable[[], None]]:
+        """Cap each selected device's pool at ``memory_virtual_limit`` (resolved against the
+        device's memory); returns the undo. Default: the device module's
+        ``set_per_process_memory_fraction(fraction, index)`` (torch.cuda, torch.xpu, torch_npu,
+        torch_mlu, torch_musa). Raises :class:`~.memory.NotApplied` saying why it cannot."""
+        limits, totals = {}, {}
+        for logical, physical in enumerate(selection.devices):
+            limits[physical] = selection.memory_limit_bytes(logical)
+            totals[physical] = selection.device_memory(logical)
+        if any(v is None for v in limits.values()):
+            raise _memory.NotApplied("the device's total memory is unknown, so a fraction of it "
+                                     "cannot be resolved")
+        return _memory.fraction_limit(self.device_module(), f"torch.{self.device_type}",
+                                      limits, totals)
+
+    def memory_figures(self, index: int) -> _memory.PoolFigures:
+        """Device ``index``'s pool figures (the device module's allocator statistics)."""
+        return _memory.module_figures(self.device_module(), index)
+
+    def release_cached_memory(self) -> None:
+        """Give the pool's cached, unused blocks back (the device module's ``empty_cache``)."""
+        release = _memory.real(self.device_module(), "empty_cache")
+        if release is not None:
+            release()
+
+    def synchronize(self, index: int) -> None:
+        """Wait for the work queued on device ``index``."""
+        wait = _memory.real(self.device_module(), "synchronize")
+        if wait is not None:
+            wait(index)
+
     # ----------------------------------------------------------------- use
     def activate(self, selection) -> Optional[Any]:
-        """Prepare the runtime for ``selection``; return an undo callable or None. Warns about
-        given settings the backend does not apply, and once when the vendor plugin's version is
-        outside the tested ones."""
-        unapplied = self.unapplied_settings(selection.settings)
-        if unapplied:
-            log.warning("accepted but not applied on backend %s in this version: %s",
-                        self.name, ", ".join(unapplied))
+        """Prepare the runtime for ``selection``; return an undo callable or None. Warns once
+        when the vendor plugin's version is outside the tested ones."""
         if self.plugin_module:
             from ..compat import check_plugin
 
@@ -227,17 +259,6 @@ class Backend:
     def start(self, selection) -> Optional[Any]:
         """What the chip's runtime needs before use (override); returns an undo or None."""
         return None
-
-    def unapplied_settings(self, settings) -> List[str]:
-        """The settings given in ``settings`` that this backend does not act on yet."""
-        names = []
-        if settings.memory_virtual_limit is not None and not self.enforces_memory_limit:
-            names.append(f"memory_virtual_limit={settings.memory_virtual_limit}")
-        if settings.memory_pool_clear_interval is not None:
-            names.append(f"memory_pool_clear_interval={settings.memory_pool_clear_interval}")
-        if settings.enable_mixed_precision:
-            names.append("enable_mixed_precision=True")
-        return names
 
     def plugin_version(self) -> Optional[str]:
         return self.runtime_version(None) if self.plugin_module else None

@@ -22,6 +22,7 @@ class CudaBackend(Backend):
     supports_float64 = True
     priority = 100
     kernel_libraries = ("flaggems",)
+    allocator_conf_env = "PYTORCH_CUDA_ALLOC_CONF"
     query_tool = ("nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader")
     driver_pattern = r"(?m)^\s*(\d+\.\d+(?:\.\d+)?)\s*$"
 

@@ -18,6 +18,7 @@ class RocmBackend(Backend):
     supports_float64 = True
     priority = 95
     kernel_libraries = ("flaggems",)
+    allocator_conf_env = "PYTORCH_CUDA_ALLOC_CONF"
     query_tool = ("rocm-smi", "--showdriverversion")
     driver_pattern = r"[Dd]river version:\s*([\w.\-]+)"
 

@@ -31,7 +31,6 @@ class SimBackend(Backend):
     priority = -1
     auto_selectable = False
     devices_env = "FL_SIM_DEVICES"
-    enforces_memory_limit = True
 
     def probe(self, timeout=None, count_ops=True) -> ProbeResult:
         result = ProbeResult(backend=self.name, status="on-request")
@@ -64,6 +63,11 @@ class SimBackend(Backend):
             return sim.native_op_names()
         configured = options.get("native_ops")
         return sim.default_native_ops() if configured is None else configured | runtime_primitive_names()
+
+    def apply_memory_limit(self, selection):
+        """Nothing more to do: :meth:`start` installs the sim with the limit, which its
+        allocator enforces on every allocation (``torch.OutOfMemoryError`` past it)."""
+        return None
 
     def start(self, selection):
         """Install the sim for ``selection``: its device count, memory limit and native set.
