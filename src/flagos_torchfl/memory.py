@@ -171,8 +171,8 @@ def activate(selection) -> Optional[Callable[[], None]]:
     if settings.memory_pool_clear_interval is not None:
         undos.append(clear_every(settings.memory_pool_clear_interval, chip.release_cached_memory))
     if variables.read("FL_EXPANDABLE_SEGMENTS") and chip.allocator_conf_env is None:
-        log.warning("FL_EXPANDABLE_SEGMENTS=1 not applied on backend %s: its allocator has no "
-                    "expandable-segments mode", chip.name)
+        log.warning("FL_EXPANDABLE_SEGMENTS=1 not applied on backend %s: it has no allocator "
+                    "option for expandable segments that this package knows", chip.name)
     if not undos:
         return None
 
