@@ -139,3 +139,21 @@ def test_memory_calls_need_an_active_backend_and_a_valid_device():
     with pytest.raises(ValueError, match="not a device of backend 'cpu'"):
         ft.memory_stats("meta:0")
     assert ft.memory_stats("cuda:0").device == ft.memory_stats(0).device == 0
+
+
+def test_launcher_adds_the_pool_figures_and_advice_to_an_out_of_memory_error(tmp_path):
+    from tests.launcher.launching import launch, write
+
+    write(tmp_path, "hog.py", '''
+        import torch
+        keep = torch.empty(1 << 20, device="cuda")
+        torch.empty(4 << 20, device="cuda")
+    ''')
+    proc = launch("--backend", "sim", "hog.py", cwd=tmp_path,
+                  env={"FL_MEMORY_VIRTUAL_LIMIT": "16MiB", "FL_MEMORY_POOL_CLEAR_INTERVAL": "50"})
+    assert proc.returncode == 1
+    assert "torch.OutOfMemoryError: sim:0 out of memory" in proc.stderr
+    assert ("memory: backend sim, cuda:0 (device pool): 4 MiB allocated, 4 MiB reserved, 0 B cached, "
+            "peak 4 MiB, limit 16 MiB, total 16 MiB. To fit: lower the batch size") in proc.stderr, proc.stderr
+    assert "raise memory_virtual_limit (now 16 MiB; FL_MEMORY_VIRTUAL_LIMIT)" in proc.stderr
+    assert "enable_mixed_precision=True (activations in bfloat16)" in proc.stderr
