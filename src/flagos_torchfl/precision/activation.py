@@ -3,13 +3,15 @@
 
 The step (:func:`activate`), in order:
 
-1. **Autocast rules** where the chip's autocast key casts nothing (PyTorch registers none for
+1. **Autocast rules** where the chip's autocast key (if PyTorch has autocast for its device
+   type) casts nothing (PyTorch registers none for
    ``AutocastPrivateUse1``, and a plugin may bring none): CUDA's lists, for the chip's device type
    (sim included). Keys that cast already keep their rules: CUDA's and ROCm's, XPU's, a vendor
    plugin's own, and the CPU's, whose own lists (PyTorch's ``AutocastCPU``) the cpu backend uses
    as they are, so ``torch.autocast("cpu")`` behaves as without this package.
 2. ``enable_mixed_precision=True``: every outermost module forward runs under
-   ``torch.autocast(<device type>, <the chip's low-precision dtype>)`` (:mod:`.auto_mixed`).
+   ``torch.autocast(<device type>, <the chip's low-precision dtype>)`` (:mod:`.auto_mixed`);
+   bfloat16 becomes float16 where the device module says it has no bfloat16.
 3. ``FL_FP32_OPS``: the named operators run in float32 under autocast (:mod:`.op_precision`).
 4. ``FL_CHECK_FINITE=1``: the finite guard, naming the route of the failing operator from the
    active router's decisions (:mod:`.finite_guard`).
@@ -55,6 +57,9 @@ def route_of(op_name: str) -> str:
 def _mixed_precision(selection) -> Optional[Callable[[], None]]:
     chip = selection.chip
     dtype = getattr(torch, chip.low_precision_dtype)
+    supports_bf16 = getattr(chip.device_module(), "is_bf16_supported", None)
+    if dtype == torch.bfloat16 and supports_bf16 is not None and not supports_bf16():
+        dtype = torch.float16  # e.g. an NVIDIA GPU older than Ampere
     if not torch.amp.is_autocast_available(chip.device_type):
         log.warning("enable_mixed_precision=True not applied on backend %s: PyTorch has no "
                     "autocast for device type %r", chip.name, chip.device_type)
@@ -69,9 +74,10 @@ def activate(selection) -> Optional[Callable[[], None]]:
     chip = selection.chip
     undos: List[Callable[[], None]] = []
     try:
-        key = _dispatch.autocast_key(chip.device_type)
-        if not autocast_casts(key):
-            registration = register_autocast_rules(chip.device_type)
+        key = (_dispatch.autocast_key(chip.device_type)
+               if torch.amp.is_autocast_available(chip.device_type) else None)
+        if key is not None and not autocast_casts(key):
+            registration = register_autocast_rules(chip.device_type, key)
             log.info("autocast on %s: CUDA's lists registered at %s (%d operators)",
                      chip.device_type, key, len(registration.registered))
             undos.append(registration)
