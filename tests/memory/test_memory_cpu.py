@@ -1,6 +1,7 @@
 """Memory-pool settings on the cpu backend: figures that are the process's resident memory (never
 a made-up 0), the checked limit, the clear interval releasing the C heap's free pages at the
-right optimizer steps, defrag, and the warnings."""
+right optimizer steps, defrag, and the warnings; and the note the launcher adds to an
+out-of-memory error (shown with the sim, whose limit is exact)."""
 from __future__ import annotations
 
 import pytest
