@@ -35,7 +35,16 @@ __all__ = [
     "PrivateUse1ClaimedError", "UnknownBackendError", "UnsupportedFeatureError",
     "memory_virtual_limit", "memory_pool_clear_interval", "enable_mixed_precision",
     "routing_report", "load_routing_config",
+    "memory_stats", "memory_summary", "memory_pool_defrag",
+    "set_op_precision", "check_finite", "precision_check",
 ]
+
+#: public functions imported on first use (importing the package stays cheap): name -> module
+_LAZY = {
+    "memory_stats": "memory", "memory_summary": "memory", "memory_pool_defrag": "memory",
+    "set_op_precision": "precision.activation", "check_finite": "precision.activation",
+    "precision_check": "precision.check",
+}
 
 
 def _misspelt_setting(package, name, value) -> bool:
@@ -58,6 +67,12 @@ class _Package(types.ModuleType):
     def __getattr__(self, name):
         if name in _ASSIGNABLE:
             return get_setting(name)
+        if name in _LAZY:
+            import importlib
+
+            value = getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
+            super().__setattr__(name, value)
+            return value
         raise AttributeError(f"module 'flagos_torchfl' has no attribute {name!r}")
 
 

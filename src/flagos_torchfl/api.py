@@ -47,6 +47,18 @@ def _activate_redirect(selection: Selection) -> Optional[Callable[[], None]]:
     return redirect.activate(selection)
 
 
+def _activate_memory(selection: Selection) -> Optional[Callable[[], None]]:
+    from . import memory
+
+    return memory.activate(selection)
+
+
+def _activate_precision(selection: Selection) -> Optional[Callable[[], None]]:
+    from . import precision
+
+    return precision.activate(selection)
+
+
 def _publish_for_children(selection: Selection) -> Optional[Callable[[], None]]:
     from . import inherit
 
@@ -54,10 +66,12 @@ def _publish_for_children(selection: Selection) -> Optional[Callable[[], None]]:
 
 
 #: (name, step) in activation order. Each step takes the Selection and returns an undo callable
-#: (or None); the routing and redirect layers are imported only when a backend is activated.
+#: (or None); the layers are imported only when a backend is activated.
 ACTIVATION_STEPS: Tuple[Tuple[str, Callable[[Selection], Optional[Callable[[], None]]]], ...] = (
     ("backend", _activate_chip),
     ("routing", _activate_routing),
+    ("memory", _activate_memory),
+    ("precision", _activate_precision),
     ("redirect", _activate_redirect),
     ("children", _publish_for_children),
 )
@@ -77,6 +91,25 @@ def _settings_unused(old: Selection, new: Selection) -> None:
     """The step reads none of the assignable settings: nothing to do."""
 
 
+def _restarting(step: str, *settings: str) -> Callable[[Selection, Selection], None]:
+    """An updater that, when one of ``settings`` changed, undoes activation step ``step`` alone
+    and runs it again with the new selection (the redirection stays in place meanwhile)."""
+    def update(old: Selection, new: Selection) -> None:
+        if all(getattr(old.settings, name) == getattr(new.settings, name) for name in settings):
+            return
+        names = [name for name, _ in ACTIVATION_STEPS]
+        at = next((i for i, (name, _) in enumerate(_undo) if name == step), None)
+        if at is not None:
+            _undo.pop(at)[1]()
+        else:
+            at = sum(1 for name, _ in _undo if names.index(name) < names.index(step))
+        undo = dict(ACTIVATION_STEPS)[step](new)
+        if undo is not None:
+            _undo.insert(at, (step, undo))
+
+    return update
+
+
 #: step name -> ``update(old, new)``: applies a change of the assignable settings to the
 #: running step in place (raising leaves it as it was). A setting change reaches every step
 #: listed here without deactivating anything, so other threads never see torch unpatched; a
@@ -84,6 +117,8 @@ def _settings_unused(old: Selection, new: Selection) -> None:
 SETTING_UPDATES = {
     "backend": _update_chip,
     "routing": _settings_unused,
+    "memory": _restarting("memory", "memory_virtual_limit", "memory_pool_clear_interval"),
+    "precision": _restarting("precision", "enable_mixed_precision"),
     "redirect": _settings_unused,
     "children": _update_children,
 }

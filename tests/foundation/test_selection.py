@@ -200,8 +200,7 @@ def test_assignment_while_active_reactivates_with_the_new_value(capfd):
     now = ft.current_backend()
     assert now is not first and now.settings.memory_pool_clear_interval == 12
     assert now.backend == first.backend and now.devices == first.devices
-    assert "accepted but not applied on backend cpu in this version: memory_pool_clear_interval=12" \
-        in capfd.readouterr().err
+    assert "not applied" not in capfd.readouterr().err
 
 
 def fail_on_13(selection):

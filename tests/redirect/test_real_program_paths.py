@@ -113,7 +113,7 @@ if __name__ == "__main__":
 def test_run_devices_gives_mp_spawn_scripts_their_world_size(tmp_path):
     script = tmp_path / "spawn_workers.py"
     script.write_text(SPAWN)
-    proc = run_python(["-m", "flagos_torchfl", "run", "--devices", "2", str(script)], cwd=tmp_path)
+    proc = run_python(["-m", "flagos_torchfl", "run", "--devices", "2", str(script)], cwd=tmp_path, timeout=600)
     assert proc.returncode == 0, proc.stderr
     assert sorted(proc.stdout.splitlines()) == ["rank 0 of 2 on cpu", "rank 1 of 2 on cpu"]
 

@@ -45,6 +45,17 @@ def has_kernel(name: str, dispatch_key: str) -> bool:
     return _has(name, dispatch_key)
 
 
+#: operators whose kernel at an autocast key shows that the key really casts
+AUTOCAST_CORE_OPS = ("aten::linear", "aten::mm", "aten::addmm", "aten::bmm", "aten::matmul", "aten::conv2d")
+
+
+def autocast_casts(autocast_key: str) -> bool:
+    """Whether autocast at ``autocast_key`` (``"AutocastPrivateUse1"``...) really casts: every
+    operator of :data:`AUTOCAST_CORE_OPS` has a kernel there (PyTorch's, a plugin's, or rules
+    registered by :mod:`flagos_torchfl.precision`)."""
+    return all(_has(op, autocast_key) for op in AUTOCAST_CORE_OPS)
+
+
 def has_computed_kernel(name: str, dispatch_key: str) -> bool:
     """Whether a call of ``name`` on ``dispatch_key`` finds a kernel (its own, or one of the
     composite kernels that serve every backend)."""

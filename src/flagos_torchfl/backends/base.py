@@ -11,9 +11,10 @@ import importlib
 import importlib.util
 import os
 from types import MappingProxyType
-from typing import Any, FrozenSet, List, Mapping, Optional, Tuple
+from typing import Any, Callable, FrozenSet, List, Mapping, Optional, Tuple
 
 from ..log import get_logger
+from . import memory as _memory
 from . import probe as _probe
 from . import visible as _visible
 
@@ -97,8 +98,9 @@ class Backend:
     #: (semantic names, categories or ATen names; "*": every native operator), e.g.
     #: ``{"float64": ("matmul", "aten::cumsum")}``. Routing gives them a route for those dtypes.
     dtype_gaps: Mapping[str, Tuple[str, ...]] = MappingProxyType({})
-    #: whether activation enforces ``memory_virtual_limit`` on this backend
-    enforces_memory_limit: bool = False
+    #: the variable the chip's caching allocator reads its options from when its runtime starts
+    #: (``FL_EXPANDABLE_SEGMENTS=1`` adds ``expandable_segments:True`` to it); None: no such options
+    allocator_conf_env: Optional[str] = None
     #: whether pinned host memory means anything here (False: ``pin_memory()`` is a no-op)
     pins_memory: bool = True
     #: whether factories can allocate pinned memory (``torch.empty(..., pin_memory=True)``);
@@ -180,6 +182,9 @@ class Backend:
 
     def load_runtime(self, timeout: float) -> Any:
         """Import the vendor plugin (if any) and return the torch device module."""
+        conf = _memory.add_allocator_option(self.allocator_conf_env)
+        if conf is not None:
+            log.info("FL_EXPANDABLE_SEGMENTS=1 applied as %s=%s", self.allocator_conf_env, conf)
         if self.plugin_module:
             if not self.plugin_found():
                 raise Unavailable(f"{self.plugin_module} is not installed")
@@ -252,15 +257,42 @@ class Backend:
 
         return getattr(torch, self.device_type)
 
+    # ----------------------------------------------------------------- memory
+    def apply_memory_limit(self, selection) -> Optional[Callable[[], None]]:
+        """Cap each selected device's pool at ``memory_virtual_limit`` (resolved against the
+        device's memory); returns the undo. Default: the device module's
+        ``set_per_process_memory_fraction(fraction, index)`` (torch.cuda, torch.xpu, torch_npu,
+        torch_mlu, torch_musa). Raises :class:`~.memory.NotApplied` saying why it cannot."""
+        limits, totals = {}, {}
+        for logical, physical in enumerate(selection.devices):
+            limits[physical] = selection.memory_limit_bytes(logical)
+            totals[physical] = selection.device_memory(logical)
+        if any(v is None for v in limits.values()):
+            raise _memory.NotApplied("the device's total memory is unknown, so a fraction of it "
+                                     "cannot be resolved")
+        return _memory.fraction_limit(self.device_module(), f"torch.{self.device_type}",
+                                      limits, totals)
+
+    def memory_figures(self, index: int) -> _memory.PoolFigures:
+        """Device ``index``'s pool figures (the device module's allocator statistics)."""
+        return _memory.module_figures(self.device_module(), index)
+
+    def release_cached_memory(self) -> None:
+        """Give the pool's cached, unused blocks back (the device module's ``empty_cache``)."""
+        release = _memory.real(self.device_module(), "empty_cache")
+        if release is not None:
+            release()
+
+    def synchronize(self, index: int) -> None:
+        """Wait for the work queued on device ``index``."""
+        wait = _memory.real(self.device_module(), "synchronize")
+        if wait is not None:
+            wait(index)
+
     # ----------------------------------------------------------------- use
     def activate(self, selection) -> Optional[Any]:
-        """Prepare the runtime for ``selection``; return an undo callable or None. Warns about
-        given settings the backend does not apply, and once when the vendor plugin's version is
-        outside the tested ones."""
-        unapplied = self.unapplied_settings(selection.settings)
-        if unapplied:
-            log.warning("accepted but not applied on backend %s in this version: %s",
-                        self.name, ", ".join(unapplied))
+        """Prepare the runtime for ``selection``; return an undo callable or None. Warns once
+        when the vendor plugin's version is outside the tested ones."""
         undo_mask = _visible.translate(self.visible_devices_env if self.plugin_found() else None)
         try:
             if self.plugin_module:
@@ -295,26 +327,8 @@ class Backend:
 
     def update_settings(self, old, new) -> None:
         """Apply a change of the assignable settings (``old`` -> ``new`` selection, same chip
-        and devices) to the running chip in place; raise to refuse it, leaving ``old`` in force.
-        Default: nothing to apply; warns about changed settings the backend does not act on."""
-        changed = [name for name in ("memory_virtual_limit", "memory_pool_clear_interval",
-                                     "enable_mixed_precision")
-                   if getattr(old.settings, name) != getattr(new.settings, name)]
-        unapplied = [text for text in self.unapplied_settings(new.settings) if text.split("=")[0] in changed]
-        if unapplied:
-            log.warning("accepted but not applied on backend %s in this version: %s",
-                        self.name, ", ".join(unapplied))
-
-    def unapplied_settings(self, settings) -> List[str]:
-        """The settings given in ``settings`` that this backend does not act on yet."""
-        names = []
-        if settings.memory_virtual_limit is not None and not self.enforces_memory_limit:
-            names.append(f"memory_virtual_limit={settings.memory_virtual_limit}")
-        if settings.memory_pool_clear_interval is not None:
-            names.append(f"memory_pool_clear_interval={settings.memory_pool_clear_interval}")
-        if settings.enable_mixed_precision:
-            names.append("enable_mixed_precision=True")
-        return names
+        and devices) to the running chip itself in place; raise to refuse it, leaving ``old`` in
+        force. Default: nothing (the memory and precision steps apply the settings)."""
 
     def plugin_version(self) -> Optional[str]:
         return self.runtime_version(None) if self.plugin_module else None

@@ -3,7 +3,14 @@
 It presents ``FL_CPU_DEVICES`` logical devices, all on the host (default: ``LOCAL_WORLD_SIZE``
 under torchrun, else 1), so multi-rank CUDA scripts can address ``cuda:1`` on a CPU-only machine.
 ``torch.cuda`` is answered by :class:`~.host.HostRuntime`: streams run inline, events record
-host time, ``mem_get_info`` reads host memory, the one CPU generator serves every device.
+host time, ``mem_get_info`` reads host memory, memory counters give the process's resident
+memory, the one CPU generator serves every device.
+
+``memory_virtual_limit`` cannot cap allocations here: the host has no device pool, and
+``RLIMIT_AS``/``RLIMIT_DATA`` would cap address space (thread stacks, libraries, allocator
+reservations), failing unrelated allocations in this process and its children. It is a checked
+limit instead: after every optimizer step the process's resident memory is compared with it,
+and ``torch.OutOfMemoryError`` is raised past it.
 """
 from __future__ import annotations
 
@@ -11,9 +18,16 @@ import os
 from typing import Mapping, Optional
 
 from .. import variables
+from ..config import format_bytes
 from ..errors import ConfigError
+from ..log import get_logger
 from .base import Backend, DeviceInfo
-from .host import HostRuntime, cpu_name, host_memory
+from .host import HostRuntime, cpu_name, host_memory, process_memory
+from .memory import NotApplied, PoolFigures
+
+log = get_logger("backends")
+#: what the cpu backend's memory figures measure
+RESIDENT = "host process (resident memory)"
 
 
 def logical_device_count(variable: str, environ: Mapping[str, str] = os.environ) -> int:
@@ -70,3 +84,35 @@ class CpuBackend(Backend):
 
     def device_module(self) -> HostRuntime:
         return HostRuntime()
+
+    def apply_memory_limit(self, selection):
+        """A checked limit: after every optimizer step (``register_optimizer_step_post_hook``)
+        the process's resident memory is compared with the limit and ``torch.OutOfMemoryError``
+        raised past it. Warns once per activation that allocations themselves are not capped."""
+        import torch
+        from torch.optim.optimizer import register_optimizer_step_post_hook
+
+        limit = selection.memory_limit_bytes(0)
+        if limit is None:
+            raise NotApplied("the host's memory size is unknown, so a fraction of it cannot be resolved")
+        log.warning("memory_virtual_limit=%s on backend cpu: the host has no device pool to cap, "
+                    "so the process's resident memory is checked against it after every "
+                    "optimizer step (torch.OutOfMemoryError past it), not at each allocation",
+                    format_bytes(limit))
+
+        def check(optimizer, args, kwargs):
+            resident, peak = process_memory()
+            if resident > limit:
+                raise torch.OutOfMemoryError(
+                    f"cpu backend: the process's resident memory {format_bytes(resident)} "
+                    f"(peak {format_bytes(peak)}) exceeds memory_virtual_limit "
+                    f"{format_bytes(limit)} after an optimizer step. To fit: lower the batch "
+                    "size or the model's size, free tensors kept between steps, or raise "
+                    "memory_virtual_limit (FL_MEMORY_VIRTUAL_LIMIT).")
+        return register_optimizer_step_post_hook(check).remove
+
+    def memory_figures(self, index: int) -> PoolFigures:
+        """The process's resident memory (as ``allocated`` and ``reserved``) and its peak; no
+        cached bytes nor allocation count (the host keeps no pool to count them)."""
+        resident, peak = process_memory()
+        return PoolFigures(RESIDENT, resident, resident, peak, None, None, host_memory())

@@ -23,6 +23,7 @@ class CudaBackend(Backend):
     priority = 100
     profiler_activity = "CUDA"
     kernel_libraries = ("flaggems",)
+    allocator_conf_env = "PYTORCH_CUDA_ALLOC_CONF"
     query_tool = ("nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader")
     driver_pattern = r"(?m)^\s*(\d+\.\d+(?:\.\d+)?)\s*$"
 

@@ -6,9 +6,12 @@ work inline, host memory figures, and the one CPU random generator for every log
 Its streams and events also stand in on any backend whose device module has none."""
 from __future__ import annotations
 
+import ctypes
 import dataclasses
+import functools
 import os
 import platform
+import sys
 import threading
 import time
 from typing import Any, Optional, Tuple
@@ -131,6 +134,54 @@ class InlineStreamContext:
         return False
 
 
+def process_memory() -> Tuple[int, int]:
+    """(resident, peak resident) bytes of this process: ``VmRSS`` and ``VmHWM`` from
+    ``/proc/self/status``; where there is no such file, both are ``getrusage``'s peak."""
+    try:
+        with open("/proc/self/status") as fh:
+            found = {}
+            for line in fh:
+                key, _, rest = line.partition(":")
+                if key in ("VmRSS", "VmHWM"):
+                    found[key] = int(rest.split()[0]) * 1024
+            return found["VmRSS"], found["VmHWM"]
+    except (OSError, KeyError, ValueError, IndexError):
+        import resource
+
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        peak *= 1 if sys.platform == "darwin" else 1024  # bytes on macOS, KiB elsewhere
+        return peak, peak
+
+
+def reset_peak_resident() -> bool:
+    """Reset the process's peak resident memory to the current one (Linux ``clear_refs``
+    value 5); False where that is not possible."""
+    try:
+        with open("/proc/self/clear_refs", "w") as fh:
+            fh.write("5")
+        return True
+    except OSError:
+        return False
+
+
+@functools.lru_cache(maxsize=1)
+def _malloc_trim() -> Optional[Any]:
+    try:
+        return ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError):
+        return None
+
+
+def trim_host_heap() -> bool:
+    """Return the C heap's free pages to the system (glibc ``malloc_trim(0)``); False where
+    the C library has no such call."""
+    trim = _malloc_trim()
+    if trim is None:
+        return False
+    trim(0)
+    return True
+
+
 def cpu_name() -> str:
     """The processor's model name (``/proc/cpuinfo``), else what ``platform`` says."""
     try:
@@ -212,28 +263,49 @@ class HostRuntime:
     def stream(self, stream: Any) -> InlineStreamContext:
         return InlineStreamContext(stream)
 
-    # memory: the host keeps no allocator statistics
+    # memory: the process's resident memory (the host keeps no device pool)
     def memory_allocated(self, index: Any = None) -> int:
-        return 0
+        """The process's resident memory (``VmRSS``): what the host holds for this program,
+        tensors and everything else; there is no separate device pool to count."""
+        return process_memory()[0]
 
-    memory_reserved = max_memory_allocated = max_memory_reserved = memory_allocated
+    memory_reserved = memory_allocated
+
+    def max_memory_allocated(self, index: Any = None) -> int:
+        """The process's peak resident memory (``VmHWM``) since start or the last
+        :meth:`reset_peak_memory_stats`."""
+        return process_memory()[1]
+
+    max_memory_reserved = max_memory_allocated
 
     def reset_peak_memory_stats(self, index: Any = None) -> None:
-        """Nothing to reset."""
+        """Make the peak the current resident memory (Linux: ``/proc/self/clear_refs``, which
+        also resets ``getrusage``'s ``ru_maxrss``); elsewhere the peak stays the process's."""
+        reset_peak_resident()
 
-    reset_accumulated_memory_stats = reset_peak_memory_stats
+    def reset_accumulated_memory_stats(self, index: Any = None) -> None:
+        """Nothing accumulates: the host keeps no allocation counters."""
 
     def memory_stats(self, index: Any = None) -> dict:
-        return {}
+        """``torch.cuda.memory_stats`` keys for the process's resident memory (current, peak);
+        the allocation counters a device pool keeps are absent."""
+        current, peak = process_memory()
+        return {f"{name}.all.{field}": value for name in ("allocated_bytes", "reserved_bytes")
+                for field, value in (("current", current), ("peak", peak))}
 
     def memory_snapshot(self, *args: Any, **kwargs: Any) -> list:
+        """No segments to list: the host keeps no device pool."""
         return []
 
     def memory_summary(self, index: Any = None, abbreviated: bool = False) -> str:
-        return f"host device {index if index is not None else 0}: the host CPU keeps no allocator statistics\n"
+        current, peak = process_memory()
+        return (f"host device {index if index is not None else 0}: no device pool; process resident "
+                f"memory {current / 2**20:.1f} MiB, peak {peak / 2**20:.1f} MiB\n")
 
     def empty_cache(self) -> None:
-        """The host has no device cache."""
+        """Give the C allocator's free memory back to the system (glibc ``malloc_trim``); a
+        no-op where the C library has no such call."""
+        trim_host_heap()
 
     def mem_get_info(self, index: Any = None) -> tuple:
         """(MemAvailable, MemTotal) of the host."""

@@ -1,10 +1,12 @@
 """Apple-silicon GPUs through Metal Performance Shaders (device ``mps``)."""
 from __future__ import annotations
 
+import os
 import platform
 import sys
 
 from .base import Backend, DeviceInfo, Unavailable
+from .memory import DEVICE_POOL, NotApplied, PoolFigures
 
 
 class MpsBackend(Backend):
@@ -37,3 +39,31 @@ class MpsBackend(Backend):
 
     def list_devices(self, module, timeout):
         return [DeviceInfo(0, f"Apple {platform.machine()} GPU", module.recommended_max_memory())]
+
+    def apply_memory_limit(self, selection):
+        """``torch.mps.set_per_process_memory_fraction(limit / recommended_max_memory)`` (one
+        device; at most 2.0, MPS's own bound); the undo puts MPS's default ratio back
+        (``PYTORCH_MPS_HIGH_WATERMARK_RATIO``, else 1.7)."""
+        import torch
+
+        total = selection.device_memory(0)
+        limit = selection.memory_limit_bytes(0)
+        if not total or limit is None:
+            raise NotApplied("the GPU's recommended memory size is unknown")
+        torch.mps.set_per_process_memory_fraction(min(limit / total, 2.0))
+        default = float(os.environ.get("PYTORCH_MPS_HIGH_WATERMARK_RATIO", "1.7"))
+        return lambda: torch.mps.set_per_process_memory_fraction(default)
+
+    def memory_figures(self, index: int) -> PoolFigures:
+        """MPS's ``current_allocated_memory`` and ``driver_allocated_memory`` (as reserved); MPS
+        keeps no peak nor allocation count."""
+        import torch
+
+        return PoolFigures(DEVICE_POOL, torch.mps.current_allocated_memory(),
+                           torch.mps.driver_allocated_memory(), None, None, None,
+                           torch.mps.recommended_max_memory())
+
+    def synchronize(self, index: int) -> None:
+        import torch
+
+        torch.mps.synchronize()

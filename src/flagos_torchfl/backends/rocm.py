@@ -19,6 +19,7 @@ class RocmBackend(Backend):
     priority = 95
     profiler_activity = "CUDA"
     kernel_libraries = ("flaggems",)
+    allocator_conf_env = "PYTORCH_CUDA_ALLOC_CONF"
     query_tool = ("rocm-smi", "--showdriverversion")
     driver_pattern = r"[Dd]river version:\s*([\w.\-]+)"
 

@@ -32,7 +32,6 @@ class SimBackend(Backend):
     profiler_activity = "PrivateUse1"
     auto_selectable = False
     devices_env = "FL_SIM_DEVICES"
-    enforces_memory_limit = True
     pins_at_allocation = False  # a Python PrivateUse1 backend cannot register a pinned allocator
 
     def probe(self, timeout=None, count_ops=True, query_tools=True, driver=None) -> ProbeResult:
@@ -66,6 +65,11 @@ class SimBackend(Backend):
             return sim.native_op_names()
         configured = options.get("native_ops")
         return sim.default_native_ops() if configured is None else configured | runtime_primitive_names()
+
+    def apply_memory_limit(self, selection):
+        """Nothing more to do: :meth:`start` installs the sim with the limit, which its
+        allocator enforces on every allocation (``torch.OutOfMemoryError`` past it)."""
+        return None
 
     def start(self, selection):
         """Install the sim for ``selection``: its device count, memory limit and native set.

@@ -15,7 +15,8 @@ What follows the launcher's own options is one of:
 A script or module runs with the backend activated before its first line; ``sys.argv``,
 ``sys.path[0]`` and ``__name__ == "__main__"`` are as with ``python``, except that
 ``sys.argv[0]`` is the script's absolute path (as ``__file__`` is). Its exit code is passed
-through: ``sys.exit(n)`` gives ``n``, an uncaught exception prints its traceback and gives 1.
+through: ``sys.exit(n)`` gives ``n``, an uncaught exception prints its traceback and gives 1
+(an uncaught ``torch.OutOfMemoryError`` with a note: the pool figures and what to change).
 A command's exit code is its own. Every Python child activates when it imports torch (see
 :mod:`flagos_torchfl.startup`). Usage errors (a missing script, module or command included)
 exit with 2, an activation failure with 1, a command that cannot be started with 126.
@@ -238,6 +239,11 @@ def set_path0(folder: str) -> None:
         sys.path[0] = folder
 
 
+def _is_out_of_memory(exc: BaseException) -> bool:
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(exc, torch.OutOfMemoryError)
+
+
 def run_main(main) -> int:
     """Run ``main``; 0 when it returns, 1 with the traceback printed for an uncaught exception.
     ``SystemExit`` and ``KeyboardInterrupt`` propagate so Python ends as it would."""
@@ -245,6 +251,10 @@ def run_main(main) -> int:
         main()
     except Exception:
         exc_type, exc, tb = sys.exc_info()
+        if _is_out_of_memory(exc):
+            from ..memory import add_oom_note
+
+            add_oom_note(exc)
         while tb is not None and tb.tb_frame.f_code.co_filename in _LAUNCHER_FILES:
             tb = tb.tb_next
         sys.excepthook(exc_type, exc.with_traceback(tb), tb)

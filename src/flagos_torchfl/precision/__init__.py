@@ -2,8 +2,8 @@
 mixed precision for scripts without autocast, the finite guard and the precision check.
 
 Each function takes what it acts on (device type, dispatch key, dtype, route lookup) as
-arguments and returns an undo where it changes state; the activation layer decides when to call
-them.
+arguments and returns an undo where it changes state; :mod:`.activation` applies them for the
+active backend (the activation step, ``ft.set_op_precision``, ``ft.check_finite``).
 """
 from .auto_mixed import enable_mixed_precision
 from .autocast_rules import (Registration, amp_supported_dtypes, autocast_casts, cuda_lists,
@@ -12,6 +12,7 @@ from .check import PrecisionRow, precision_check, render
 from .finite_guard import FiniteGuard, NonFiniteError, check_finite, check_finite_from_env
 from .op_precision import fp32_ops_from_env, operators_for, parse_fp32_ops, set_op_precision
 from ._dispatch import autocast_key
+from .activation import activate
 
 __all__ = [
     "register_autocast_rules", "Registration", "listed_ops", "cuda_lists", "autocast_casts",
@@ -19,5 +20,5 @@ __all__ = [
     "set_op_precision", "operators_for", "parse_fp32_ops", "fp32_ops_from_env",
     "enable_mixed_precision",
     "check_finite", "check_finite_from_env", "FiniteGuard", "NonFiniteError",
-    "precision_check", "render", "PrecisionRow",
+    "precision_check", "render", "PrecisionRow", "activate",
 ]

@@ -26,6 +26,7 @@ from typing import Callable, Dict, Iterable, List, Optional, Tuple
 
 import torch
 
+from ..aten import dispatcher
 from . import _casting, _dispatch
 
 BCE_ADVICE = ("a sigmoid followed by binary_cross_entropy loses precision in low precision; use "
@@ -33,7 +34,7 @@ BCE_ADVICE = ("a sigmoid followed by binary_cross_entropy loses precision in low
               "which autocast runs in float32")
 
 #: Operators whose casting kernel shows that a key really autocasts (every one must have one).
-CORE_OPS = ("aten::linear", "aten::mm", "aten::addmm", "aten::bmm", "aten::matmul", "aten::conv2d")
+CORE_OPS = dispatcher.AUTOCAST_CORE_OPS
 
 
 @functools.lru_cache(maxsize=1)
@@ -123,8 +124,7 @@ def register_autocast_rules(device_type: str, dispatch_key: Optional[str] = None
 def autocast_casts(dispatch_key: str) -> bool:
     """Whether autocast at ``dispatch_key`` really casts: every core operator (:data:`CORE_OPS`:
     linear, mm, addmm, bmm, matmul, conv2d) has a kernel there (PyTorch's, a plugin's, or ours)."""
-    _dispatch.check_key(dispatch_key)
-    return all(torch._C._dispatch_has_kernel_for_dispatch_key(op, dispatch_key) for op in CORE_OPS)
+    return dispatcher.autocast_casts(_dispatch.check_key(dispatch_key))
 
 
 def amp_supported_dtypes(dispatch_key: str,

@@ -14,7 +14,7 @@ giving the module its class back). Rules for ``torch.cuda.<name>``:
 
 The answers come from the chip's device module (for the CPU the host runtime of
 :mod:`flagos_torchfl.backends.host`: streams run work inline, events record host time, memory
-counters answer 0, ``mem_get_info`` reads host memory, ``torch.cuda.manual_seed`` seeds the CPU
+counters give the process's resident memory, ``mem_get_info`` reads host memory, ``torch.cuda.manual_seed`` seeds the CPU
 generator). The CUDA RNG stream itself is not reproduced on another chip: a seeded script is
 deterministic on each backend, with numbers of that backend's generator.
 

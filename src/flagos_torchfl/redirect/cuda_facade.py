@@ -316,31 +316,31 @@ class CudaFacade:
         return fn(self._phys(device))
 
     def memory_allocated(self, device: Any = None) -> int:
-        """The backend's count; 0 on the CPU (no device allocator, nothing held for a device)."""
+        """The backend's count (on the cpu backend, the process's resident memory)."""
         return self._memory("memory_allocated", device, 0)
 
     def memory_reserved(self, device: Any = None) -> int:
-        """The backend's count; 0 on the CPU."""
+        """The backend's count (on the cpu backend, the process's resident memory)."""
         return self._memory("memory_reserved", device, 0)
 
     def max_memory_allocated(self, device: Any = None) -> int:
-        """The backend's peak; 0 on the CPU."""
+        """The backend's peak (on the cpu backend, the process's peak resident memory)."""
         return self._memory("max_memory_allocated", device, 0)
 
     def max_memory_reserved(self, device: Any = None) -> int:
-        """The backend's peak; 0 on the CPU."""
+        """The backend's peak (on the cpu backend, the process's peak resident memory)."""
         return self._memory("max_memory_reserved", device, 0)
 
     def reset_peak_memory_stats(self, device: Any = None) -> None:
-        """The backend's reset; nothing to reset on the CPU."""
+        """The backend's reset."""
         return self._memory("reset_peak_memory_stats", device, None)
 
     def reset_accumulated_memory_stats(self, device: Any = None) -> None:
-        """The backend's reset; nothing to reset on the CPU."""
+        """The backend's reset."""
         return self._memory("reset_accumulated_memory_stats", device, None)
 
     def memory_stats(self, device: Any = None) -> dict:
-        """The backend's statistics; an empty dict on the CPU."""
+        """The backend's statistics (on the cpu backend, the resident-memory keys only)."""
         return self._memory("memory_stats", device, {})
 
     def memory_snapshot(self, *args: Any, **kwargs: Any) -> list:
@@ -358,7 +358,7 @@ class CudaFacade:
         return f"backend {self.t.backend!r} (cuda:{logical}): no allocator statistics\n"
 
     def empty_cache(self) -> None:
-        """The backend's ``empty_cache``; the host has no device cache."""
+        """The backend's ``empty_cache`` (on the cpu backend, the C heap's free pages go back)."""
         fn = self._mod("empty_cache")
         if fn is not None:
             fn()

@@ -273,11 +273,19 @@ class CachingAllocator:
         else:
             cap = f"nominal capacity of {format_size(NOMINAL_TOTAL_MEMORY)}"
         why = "the host could not provide the memory" if host else f"the device has a {cap}"
+        advice = ["lower the batch size or free tensors you no longer need"]
+        if not host:
+            advice.append("raise the limit (memory_virtual_limit / FL_MEMORY_VIRTUAL_LIMIT, or "
+                          "flagos_torchfl.sim.set_memory_limit)")
+        if reserved - allocated >= size:
+            advice.append(f"{format_size(reserved - allocated)} are free only in pieces of partly "
+                          "used segments (fragmentation): keep long-lived tensors together, or "
+                          "clear the cache regularly (memory_pool_clear_interval)")
         raise torch.OutOfMemoryError(
             f"{device} out of memory: tried to allocate {format_size(nbytes)} ({nbytes} bytes, "
             f"{size} rounded); {why}; {format_size(allocated)} allocated, "
             f"{format_size(reserved)} reserved, "
-            f"{format_size(max(self.capacity - reserved, 0))} free."
+            f"{format_size(max(self.capacity - reserved, 0))} free. To fit: {'; '.join(advice)}."
         )
 
     def _release(self, block: Block) -> None:

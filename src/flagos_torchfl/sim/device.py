@@ -14,6 +14,7 @@ from typing import Any, Iterable
 
 import torch
 
+from ..aten import dispatcher
 from . import runtime
 
 __all__ = [
@@ -30,6 +31,8 @@ __all__ = [
 ]
 
 DEVICE_NAME = "flagos sim device"
+#: the dispatch key whose kernels make ``torch.autocast("sim")`` cast
+AUTOCAST_KEY = "AutocastPrivateUse1"
 
 _index = runtime.to_index
 
@@ -134,13 +137,16 @@ def get_device_properties(device: Any = None) -> _DeviceProperties:
 
 
 def get_amp_supported_dtype() -> list[torch.dtype]:
-    """The low-precision dtypes autocast may use on the sim: float16 and bfloat16."""
-    return [torch.float16, torch.bfloat16]
+    """The low-precision dtypes autocast casts to on the sim: float16 and bfloat16 once its
+    autocast key has casting rules (activating the sim backend registers CUDA's), else none
+    (``torch.autocast("sim", ...)`` then warns and stays off instead of casting nothing)."""
+    return [torch.float16, torch.bfloat16] if dispatcher.autocast_casts(AUTOCAST_KEY) else []
 
 
 def is_bf16_supported(including_emulation: bool = True) -> bool:
-    """True: the sim computes bfloat16 with the CPU's kernels."""
-    return True
+    """Whether autocast in bfloat16 works on the sim: its kernels (the CPU's) compute bfloat16,
+    and autocast casts to it once the casting rules are registered."""
+    return torch.bfloat16 in get_amp_supported_dtype()
 
 
 # -- random numbers ------------------------------------------------------------------------

@@ -1,0 +1,118 @@
+"""The memory and precision settings on the vendor backends (ascend, cambricon, mthreads) go
+through the vendor module's API: a fake plugin per vendor (written below; it claims PrivateUse1
+under the vendor's device type, has no kernels, and a device module with the vendors' memory
+functions that keeps a small pool) is activated in a child interpreter with every setting on."""
+from __future__ import annotations
+
+import json
+import textwrap
+
+import pytest
+
+from tests.helpers import prepend_path, run_python
+
+PLUGIN = '''
+"""A fake {module}: one device of 32 GiB under device type {device!r}, no kernels, the vendors'
+memory API over a pool of 3 MiB allocated and 8 MiB reserved."""
+import types
+
+import torch
+
+__version__ = "0.0.1"
+torch.utils.rename_privateuse1_backend("{device}")
+mod = types.ModuleType("{module}.{device}")
+mod.pool = {{"allocated": 3 << 20, "reserved": 8 << 20, "fraction": {{}}, "synchronized": 0}}
+
+
+class _Props:
+    name, total_memory = "fake {device}", 32 << 30
+
+
+def set_per_process_memory_fraction(fraction, device=None):
+    mod.pool["fraction"][device] = fraction
+
+
+def empty_cache():
+    mod.pool["reserved"] = mod.pool["allocated"]
+
+
+def synchronize(device=None):
+    mod.pool["synchronized"] += 1
+
+
+mod.set_per_process_memory_fraction, mod.empty_cache, mod.synchronize = (
+    set_per_process_memory_fraction, empty_cache, synchronize)
+mod.is_available = lambda: True
+mod.device_count = lambda: 1
+mod.current_device = lambda: 0
+mod.set_device = lambda d: None
+mod.manual_seed = mod.manual_seed_all = lambda s: None
+mod.get_device_properties = lambda i=0: _Props()
+mod.get_device_name = lambda i=0: _Props.name
+mod.get_amp_supported_dtype = lambda: [torch.float16, torch.bfloat16]
+mod.memory_allocated = lambda d=None: mod.pool["allocated"]
+mod.memory_reserved = lambda d=None: mod.pool["reserved"]
+mod.max_memory_allocated = lambda d=None: 5 << 20
+mod.memory_stats = lambda d=None: {{"allocation.all.current": 7}}
+torch._register_device_module("{device}", mod)
+'''
+
+CHILD = '''
+import json, os, warnings
+import torch
+import flagos_torchfl as ft
+from flagos_torchfl.aten.dispatcher import autocast_casts
+
+warnings.simplefilter("ignore")
+selection = ft.init_backend(BACKEND, memory_virtual_limit="8GiB", memory_pool_clear_interval=2,
+                            enable_mixed_precision=True)
+pool = getattr(torch, selection.device_type).pool
+out = {"fraction": dict(pool["fraction"]), "casts": autocast_casts("AutocastPrivateUse1"),
+       "conf": {k: v for k, v in os.environ.items() if k.endswith("ALLOC_CONF")}}
+param = torch.nn.Parameter(torch.ones(2))
+opt = torch.optim.SGD([param], lr=0.1)
+reserved = []
+for _ in range(4):
+    pool["reserved"] = 8 << 20  # the pool caches again
+    param.grad = torch.ones(2)
+    opt.step()
+    reserved.append(pool["reserved"] >> 20)
+out["reserved_after_steps"] = reserved
+pool["reserved"] = 8 << 20
+out["stats"] = ft.memory_stats().as_dict()
+(report,) = ft.memory_pool_defrag()
+out["released"], out["synchronized"] = report.released, pool["synchronized"]
+ft.deactivate()
+out["fraction_after"] = dict(pool["fraction"])
+out["casts_after"] = autocast_casts("AutocastPrivateUse1")
+print(json.dumps(out))
+'''
+
+VENDORS = [("ascend", "torch_npu", "npu", "PYTORCH_NPU_ALLOC_CONF"),
+           ("cambricon", "torch_mlu", "mlu", None),
+           ("mthreads", "torch_musa", "musa", None)]
+
+
+@pytest.mark.parametrize("backend,module,device,conf", VENDORS)
+def test_settings_go_through_the_vendor_module(tmp_path, backend, module, device, conf):
+    (tmp_path / f"{module}.py").write_text(PLUGIN.format(module=module, device=device))
+    script = f"BACKEND = {backend!r}\n" + textwrap.dedent(CHILD)
+    env = prepend_path({"FL_EXPANDABLE_SEGMENTS": "1"}, "PYTHONPATH", tmp_path)
+    proc = run_python(["-c", script], env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert "accepted but not applied" not in proc.stderr
+    assert out["fraction"] == {"0": 0.25}  # 8 GiB of 32 GiB
+    assert out["fraction_after"] == {"0": 1.0}
+    assert out["casts"] and not out["casts_after"]  # CUDA's rules while active
+    assert out["reserved_after_steps"] == [8, 3, 8, 3]  # cleared at steps 2 and 4
+    assert out["stats"] == {"backend": backend, "device": 0, "measures": "device pool",
+                            "allocated": 3 << 20, "reserved": 8 << 20, "peak": 5 << 20,
+                            "cached": 5 << 20, "limit": 8 << 30, "allocations": 7, "total": 32 << 30}
+    assert out["released"] == 5 << 20 and out["synchronized"] == 1
+    if conf:
+        assert out["conf"] == {conf: "expandable_segments:True"}
+        assert "FL_EXPANDABLE_SEGMENTS=1 not applied" not in proc.stderr
+    else:
+        assert out["conf"] == {}
+        assert f"FL_EXPANDABLE_SEGMENTS=1 not applied on backend {backend}" in proc.stderr

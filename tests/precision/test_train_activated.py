@@ -1,0 +1,74 @@
+"""``init_backend(..., enable_mixed_precision=True)`` on cpu and sim: a transformers GPT-2 script
+with no autocast in it trains 20 steps in bfloat16 mixed precision with finite, decreasing
+loss. The cpu backend keeps PyTorch's CPU autocast lists and sim gets CUDA's, so per-module
+dtypes agree except where those lists differ (GPT-2's ``gelu_new`` uses ``pow``, which CUDA's
+list runs in float32)."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import flagos_torchfl as ft
+
+pytestmark = pytest.mark.isolated
+
+
+def train(steps: int = 20):
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(vocab_size=64, n_positions=32, n_embd=32, n_layer=2, n_head=4,
+                                     resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+    model = transformers.GPT2LMHeadModel(config).cuda()
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    ids = torch.randint(0, 64, (4, 16)).cuda()
+    dtypes = {}
+
+    def record(name):
+        def hook(module, args, out):
+            dtypes[name] = tuple(t.dtype for t in torch.utils._pytree.tree_leaves(out)
+                                 if isinstance(t, torch.Tensor) and t.is_floating_point())
+        return hook
+
+    handles = [m.register_forward_hook(record(name)) for name, m in model.named_modules()]
+    losses = []
+    for _ in range(steps):
+        loss = model(input_ids=ids, labels=ids).loss
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+        while handles:
+            handles.pop().remove()
+    return losses, dtypes
+
+
+@pytest.fixture(scope="module")
+def runs():
+    out = {}
+    # the sim first: autograd sizes its per-device queues at the first backward
+    for backend in ("sim", "cpu"):
+        ft.init_backend(backend, enable_mixed_precision=True)
+        try:
+            out[backend] = train()
+        finally:
+            ft.deactivate()
+    return out
+
+
+@pytest.mark.parametrize("backend", ["cpu", "sim"])
+def test_twenty_steps_finite_and_decreasing_in_bfloat16(runs, backend):
+    losses, dtypes = runs[backend]
+    assert len(losses) == 20 and all(math.isfinite(x) for x in losses)
+    assert losses[-1] < 0.75 * losses[0]
+    assert sum(b < a for a, b in zip(losses, losses[1:])) >= 18
+    assert dtypes["transformer.h.0.attn.c_attn"] == (torch.bfloat16,)
+    assert dtypes["transformer.h.0.ln_1"] == (torch.float32,)
+
+
+def test_dtypes_agree_where_the_lists_agree(runs):
+    cpu, sim = runs["cpu"][1], runs["sim"][1]
+    assert cpu.keys() == sim.keys()
+    differing = {k for k in cpu if cpu[k] != sim[k]}
+    assert all(k.endswith(".mlp.act") for k in differing), differing
