@@ -15,6 +15,7 @@ from . import config, variables
 from .backends import Backend, ProbeResult, registry
 from .errors import BackendUnavailableError, ConfigError, UnknownBackendError
 from .log import get_logger
+from .precision.op_precision import fp32_ops_from_env
 from .routing.config import RoutingConfig, routing_config
 
 log = get_logger("selection")
@@ -39,6 +40,10 @@ class Selection:
     routing: Optional[RoutingConfig] = None
     #: packages that are told the truth by ``torch.cuda.is_available()`` (``FL_CUDA_KERNEL_PACKAGES``)
     cuda_kernel_packages: Tuple[str, ...] = ()
+    #: operators that run in float32 under autocast (``FL_FP32_OPS``)
+    fp32_ops: Tuple[str, ...] = ()
+    #: whether the finite guard is on (``FL_CHECK_FINITE``)
+    check_finite: bool = False
     probe: Optional[ProbeResult] = dataclasses.field(default=None, compare=False, repr=False)
 
     @property
@@ -61,7 +66,8 @@ class Selection:
         """True when ``other`` asks for exactly this backend, these devices, these settings and
         these chip and routing inputs."""
         def key(s: "Selection"):
-            return (s.backend, s.devices, s.settings, dict(s.options), s.routing, s.cuda_kernel_packages)
+            return (s.backend, s.devices, s.settings, dict(s.options), s.routing, s.cuda_kernel_packages,
+                    s.fp32_ops, s.check_finite)
 
         return key(self) == key(other)
 
@@ -213,7 +219,9 @@ def assemble(name: str, source: str, why: str, result: ProbeResult, merged: conf
     selection = Selection(
         backend=name, chip=chip, devices=devices, settings=dataclasses.replace(merged, gpu_ids=devices),
         source=source, reason=why, options=chip.options(environ), routing=routing,
-        cuda_kernel_packages=variables.read("FL_CUDA_KERNEL_PACKAGES", environ), probe=result,
+        cuda_kernel_packages=variables.read("FL_CUDA_KERNEL_PACKAGES", environ),
+        fp32_ops=fp32_ops_from_env(environ), check_finite=variables.read("FL_CHECK_FINITE", environ),
+        probe=result,
     )
     check_memory_limit(selection)
     return selection

@@ -57,3 +57,11 @@ def test_finite_guard_from_the_environment(monkeypatch):
         torch.full((2,), 100.0, device="cuda").exp()
     ft.deactivate()
     assert torch.isinf(torch.full((2,), 100.0).exp()).all()
+
+
+def test_a_bad_fp32_ops_name_is_refused_before_anything_changes(monkeypatch):
+    zeros = torch.zeros
+    monkeypatch.setenv("FL_FP32_OPS", "softmaxx")
+    with pytest.raises(ft.ConfigError, match="FL_FP32_OPS.*softmaxx"):
+        ft.init_backend("cpu")
+    assert ft.current_backend() is None and torch.zeros is zeros

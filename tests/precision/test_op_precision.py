@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from flagos_torchfl.errors import ConfigError
-from flagos_torchfl.precision import (fp32_ops_from_env, operators_for, parse_fp32_ops,
+from flagos_torchfl.precision import (force_float32, fp32_ops_from_env, operators_for, parse_fp32_ops,
                                       set_op_precision)
 from tests.precision.dtypes import InputDtypes
 
@@ -29,7 +29,7 @@ def test_forced_operators_receive_float32_and_undo_restores(model):
     before = step(*model)
     assert before["aten::_softmax"] == [(torch.bfloat16,)]
     assert before["aten::native_layer_norm"][0][0] == torch.bfloat16
-    undo = fp32_ops_from_env("cpu", {"FL_FP32_OPS": "softmax, LayerNorm"})
+    undo = force_float32(fp32_ops_from_env({"FL_FP32_OPS": "softmax, LayerNorm"}), "cpu")
     try:
         forced = step(*model)
     finally:
@@ -84,4 +84,4 @@ def test_names_and_errors():
         parse_fp32_ops("softmaxx")
     with pytest.raises(ConfigError, match="torch.float32"):
         set_op_precision("softmax", torch.int32, "cpu")
-    assert fp32_ops_from_env("cpu", {})() is None
+    assert fp32_ops_from_env({}) == () and force_float32((), "cpu")() is None

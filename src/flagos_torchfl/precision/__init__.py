@@ -10,14 +10,14 @@ from .autocast_rules import (Registration, amp_supported_dtypes, autocast_casts,
                              is_bf16_supported, listed_ops, register_autocast_rules)
 from .check import PrecisionRow, precision_check, render
 from .finite_guard import FiniteGuard, NonFiniteError, check_finite, check_finite_from_env
-from .op_precision import fp32_ops_from_env, operators_for, parse_fp32_ops, set_op_precision
+from .op_precision import force_float32, fp32_ops_from_env, operators_for, parse_fp32_ops, set_op_precision
 from ._dispatch import autocast_key
 from .activation import activate
 
 __all__ = [
     "register_autocast_rules", "Registration", "listed_ops", "cuda_lists", "autocast_casts",
     "amp_supported_dtypes", "is_bf16_supported", "autocast_key",
-    "set_op_precision", "operators_for", "parse_fp32_ops", "fp32_ops_from_env",
+    "set_op_precision", "operators_for", "parse_fp32_ops", "fp32_ops_from_env", "force_float32",
     "enable_mixed_precision",
     "check_finite", "check_finite_from_env", "FiniteGuard", "NonFiniteError",
     "precision_check", "render", "PrecisionRow", "activate",

@@ -12,13 +12,13 @@ The step (:func:`activate`), in order:
 2. ``enable_mixed_precision=True``: every outermost module forward runs under
    ``torch.autocast(<device type>, <the chip's low-precision dtype>)`` (:mod:`.auto_mixed`);
    bfloat16 becomes float16 where the device module says it has no bfloat16.
-3. ``FL_FP32_OPS``: the named operators run in float32 under autocast (:mod:`.op_precision`).
-4. ``FL_CHECK_FINITE=1``: the finite guard, naming the route of the failing operator from the
+3. ``FL_FP32_OPS`` (read with the selection): the named operators run in float32 under autocast
+   (:mod:`.op_precision`).
+4. ``FL_CHECK_FINITE=1`` (read with the selection): the finite guard, naming the route of the failing operator from the
    active router's decisions (:mod:`.finite_guard`).
 """
 from __future__ import annotations
 
-import os
 import threading
 from typing import Callable, List, Optional
 
@@ -29,7 +29,7 @@ from . import _dispatch
 from .auto_mixed import enable_mixed_precision
 from .autocast_rules import autocast_casts, register_autocast_rules
 from .finite_guard import check_finite as _check_finite
-from .op_precision import fp32_ops_from_env, set_op_precision as _set_op_precision
+from .op_precision import force_float32, set_op_precision as _set_op_precision
 
 log = get_logger("precision")
 _lock = threading.RLock()
@@ -85,11 +85,12 @@ def activate(selection) -> Optional[Callable[[], None]]:
             undo = _mixed_precision(selection)
             if undo is not None:
                 undos.append(undo)
-        undos.append(fp32_ops_from_env(chip.device_type, os.environ))
+        undos.append(force_float32(selection.fp32_ops, chip.device_type))
         with _lock:
             _device_type = chip.device_type
         undos.append(_forget_backend)
-        check_finite_from_environment()
+        if selection.check_finite:
+            check_finite(True)
     except BaseException:
         for step in reversed(undos):
             step()
@@ -108,14 +109,6 @@ def _forget_backend() -> None:
         while _op_undos:
             _op_undos.pop()()
         _device_type = None
-
-
-def check_finite_from_environment() -> None:
-    """Turn the finite guard on when ``FL_CHECK_FINITE=1``."""
-    from .. import variables
-
-    if variables.read("FL_CHECK_FINITE"):
-        check_finite(True)
 
 
 def _require_backend() -> str:

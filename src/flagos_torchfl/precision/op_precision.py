@@ -16,7 +16,7 @@ overloads take the rule: ``out=`` and in-place overloads (casting would write in
 """
 from __future__ import annotations
 
-from typing import Callable, FrozenSet, List, Mapping, Optional
+from typing import Callable, FrozenSet, Iterable, List, Mapping, Optional, Tuple
 
 import torch
 
@@ -79,11 +79,16 @@ def set_op_precision(name: str, dtype: torch.dtype, device_type: str,
     return undo
 
 
-def fp32_ops_from_env(device_type: str, environ: Mapping[str, str],
-                      dispatch_key: Optional[str] = None) -> Callable[[], None]:
-    """Apply ``FL_FP32_OPS`` from ``environ`` (absent or empty: nothing); returns the undo."""
-    undos = [set_op_precision(n, torch.float32, device_type, dispatch_key)
-             for n in parse_fp32_ops(variables.read("FL_FP32_OPS", environ) or "")]
+def fp32_ops_from_env(environ: Mapping[str, str]) -> Tuple[str, ...]:
+    """The operator names ``FL_FP32_OPS`` gives (checked; empty when unset)."""
+    return tuple(parse_fp32_ops(variables.read("FL_FP32_OPS", environ) or ""))
+
+
+def force_float32(names: Iterable[str], device_type: str,
+                  dispatch_key: Optional[str] = None) -> Callable[[], None]:
+    """Run each operator of ``names`` in float32 under autocast on ``device_type``; returns the
+    undo (``FL_FP32_OPS``)."""
+    undos = [set_op_precision(n, torch.float32, device_type, dispatch_key) for n in names]
 
     def undo() -> None:
         for step in reversed(undos):
