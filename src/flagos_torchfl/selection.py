@@ -187,12 +187,18 @@ def build_selection(
     merged = merge_settings(settings or {}, environ)
     routing = routing_config(environ)
     name, source, why, result = choose(backend, environ, probe)
-    chip = registry().get(name)
+    family = registry().get(name)
+    options = family.options(environ)
+    chip = family.variant(options)
+    if chip is not family:  # a variant (a sim profile) answers for its own devices
+        result = chip.probe(count_ops=False)
+        if not result.available:
+            raise BackendUnavailableError(chip.name, result.reason or "unavailable")
     count = result.device_count
     devices = config.parse_gpu_ids(merged.gpu_ids, count) if merged.gpu_ids else tuple(range(count))
     return Selection(
         backend=name, chip=chip, devices=devices, settings=dataclasses.replace(merged, gpu_ids=devices),
-        source=source, reason=why, options=chip.options(environ), routing=routing, probe=result,
+        source=source, reason=why, options=options, routing=routing, probe=result,
     )
 
 

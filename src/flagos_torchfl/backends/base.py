@@ -11,7 +11,7 @@ import importlib
 import importlib.util
 import os
 from types import MappingProxyType
-from typing import Any, FrozenSet, List, Mapping, Optional, Tuple
+from typing import Any, Callable, FrozenSet, List, Mapping, Optional, Tuple
 
 from ..log import get_logger
 from . import probe as _probe
@@ -96,6 +96,10 @@ class Backend:
     routes_operators: bool = True
     #: kernel libraries (provider names, e.g. ``"flaggems"``) that may serve this chip
     kernel_libraries: Tuple[str, ...] = ()
+    #: the chip's common part and its memory per device in bytes, for sim profiles
+    #: (``FL_SIM_PROFILE``): documented defaults, not read from the vendor's packages
+    profile_device_name: Optional[str] = None
+    profile_memory: Optional[int] = None
 
     # ----------------------------------------------------------------- probing
     def probe(self, timeout: Optional[float] = None, count_ops: bool = True) -> ProbeResult:
@@ -188,6 +192,17 @@ class Backend:
         """Chip-specific inputs read from the environment, validated once when a selection is
         made (and compared by ``Selection.same_request``); raises ConfigError. Default: none."""
         return MappingProxyType({})
+
+    def variant(self, options: Mapping[str, Any]) -> "Backend":
+        """The backend that serves ``options`` (what :meth:`options` returned): this one, unless
+        an option selects a variant of it (sim's ``FL_SIM_PROFILE`` selects a chip profile)."""
+        return self
+
+    def observe_native_calls(self, observer: Callable[[str, int], None]) -> Optional[Callable[[], None]]:
+        """Call ``observer(overload, nanoseconds)`` after each native operator call when the chip
+        can time its operators from the host; returns the undo, or None when it cannot (a real
+        chip runs its kernels asynchronously)."""
+        return None
 
     def native_ops(self, options: Mapping[str, Any]) -> FrozenSet[str]:
         """ATen overloads the chip runs natively, once its runtime is loaded (the dispatcher's

@@ -12,10 +12,12 @@ class MThreadsBackend(Backend):
     dispatch_key = "PrivateUse1"
     collective = "mccl"
     low_precision_dtype = "float16"
-    supports_float64 = False
+    supports_float64 = False  # float64 only through an opt-in cast to float32
     priority = 80
     kernel_libraries = ("flaggems",)
     plugin_module = "torch_musa"
     query_tool = ("mthreads-gmi",)
     driver_pattern = r"Driver Version\s*:?\s*([\w.\-]+)"
     visible_devices_env = "MUSA_VISIBLE_DEVICES"
+    profile_device_name = "MTT S4000"
+    profile_memory = 48 << 30

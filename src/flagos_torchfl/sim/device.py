@@ -171,13 +171,14 @@ def initial_seed() -> int:
     return runtime.generator(runtime.current_device()).initial_seed()
 
 
-def get_rng_state(device: Any = runtime.DEVICE_TYPE) -> torch.Tensor:
-    """The state of ``device``'s generator, as a CPU ByteTensor."""
+def get_rng_state(device: Any = None) -> torch.Tensor:
+    """The state of ``device``'s generator (None: the current device), as a CPU ByteTensor."""
     return runtime.generator(_index(device)).get_state()
 
 
-def set_rng_state(new_state: torch.Tensor, device: Any = runtime.DEVICE_TYPE) -> None:
-    """Restore ``device``'s generator from a state returned by :func:`get_rng_state`."""
+def set_rng_state(new_state: torch.Tensor, device: Any = None) -> None:
+    """Restore ``device``'s generator (None: the current device) from a state returned by
+    :func:`get_rng_state`."""
     runtime.generator(_index(device)).set_state(new_state.to("cpu", torch.uint8))
 
 

@@ -12,6 +12,9 @@ DEFAULT_SEED = 67280421310721
 """Seed of every device generator until one is set (the value CUDA uses)."""
 
 DEVICE_TYPE = "sim"
+"""The device type the sim answers to: ``"sim"`` unless :func:`set_device_type` named it after a
+chip (``"npu"`` ...). PyTorch's PrivateUse1 slot has one name per process, so this is set once,
+before the sim claims the slot."""
 
 _allocators: list[CachingAllocator] = []
 _generators: list[torch.Generator] = []
@@ -30,8 +33,14 @@ def start(num_devices: int, memory_limit: int | None) -> None:
     _generators[:] = gens
 
 
+def set_device_type(name: str) -> None:
+    """Make ``name`` the sim's device type (called once, before the sim claims PrivateUse1)."""
+    global DEVICE_TYPE
+    DEVICE_TYPE = name
+
+
 def device_name(index: int) -> str:
-    """``'sim:<index>'``."""
+    """``'<device type>:<index>'``, e.g. ``'sim:0'``."""
     return f"{DEVICE_TYPE}:{index}"
 
 
