@@ -12,7 +12,8 @@ common part's name and memory per device. Only the runtime is the sim's.
   chip. PyTorch's PrivateUse1 slot has one name per process; when it cannot take the chip's
   (:func:`rename_problem`), the device stays ``sim`` and the profile says so.
 - A chip without float64 gets a dtype gap for float64 on every native compute operator: such
-  calls are routed (and reported), while float64 tensors can still be created, copied and read.
+  calls are routed (and reported), while float64 tensors can still be created, filled, copied
+  and read (the runtime primitives and :data:`MEMORY_ONLY` keep their native kernels).
 - Devices: ``<visible-devices variable>`` (e.g. ``ASCEND_RT_VISIBLE_DEVICES=0,1``, or
   ``CUDA_VISIBLE_DEVICES`` copied to it as on the chip) gives the visible ones, else
   ``FL_SIM_DEVICES`` / ``LOCAL_WORLD_SIZE`` / 1. Memory per device: ``FL_SIM_DEVICE_MEMORY``, else
@@ -31,6 +32,14 @@ from . import op_tables
 from .base import Backend, DeviceInfo, ProbeResult, translate_visible_devices
 from .cpu import logical_device_count
 from .sim import SimBackend
+
+
+#: operators that only allocate or fill memory: a chip without float64 arithmetic still holds
+#: float64 tensors, so these (and the runtime primitives: copies, views, fill_) are not routed
+MEMORY_ONLY = frozenset({
+    "empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "zeros", "zeros_like",
+    "new_zeros", "ones", "ones_like", "new_ones", "full", "full_like", "new_full", "scalar_tensor",
+})
 
 
 def profiles() -> List[str]:
@@ -105,7 +114,8 @@ class ProfileBackend(SimBackend):
         if not self.chip.supports_float64:
             from ..sim.native_ops import runtime_primitive_names
 
-            compute = native_set(self.profile) - runtime_primitive_names()
+            compute = {n for n in native_set(self.profile) - runtime_primitive_names()
+                       if n[len("aten::"):].partition(".")[0] not in MEMORY_ONLY}
             gaps["float64"] = tuple(sorted(set(gaps.get("float64", ())) | compute))
         return MappingProxyType(gaps)
 

@@ -120,12 +120,17 @@ def _per(value: Optional[float], steps: int, bytes_: bool = False) -> str:
         return "-"
     value = value / steps if steps else value
     if bytes_:
-        return format_bytes(int(round(value))) if value else "0 B"
-    return f"{value:.1f}" if steps and value != int(value) else str(int(value))
+        return format_bytes(int(round(value)))
+    return str(int(value)) if value == int(value) else f"{value:.1f}"
 
 
 def _share(value: Optional[float]) -> str:
     return "-" if value is None else f"{value:.1%}"
+
+
+def _columns(rows: List[tuple], indent: str = "  ") -> List[str]:
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return [indent + "  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows]
 
 
 def render(data: dict, limit: int = 12) -> str:
@@ -139,33 +144,32 @@ def render(data: dict, limit: int = 12) -> str:
         origin = f"; operator table of {table.get('package') or table.get('repository')} " \
                  f"{table.get('version') or table.get('ref')}"
     per = f"per optimizer step ({steps} steps)" if steps else "for the whole run (no optimizer step)"
-    head = f"verdict for {chip} ({data['backend']}, device {data['device_type']}{origin}), {per}:"
     unit = "/STEP" if steps else ""
-    table = [("ROUTE", "OPERATORS", f"CALLS{unit}", "TIME SHARE", f"HOST BYTES{unit}")]
+    rows = [("ROUTE", "OPERATORS", f"CALLS{unit}", "TIME SHARE", f"HOST BYTES{unit}")]
     for route in ROUTES:
         r = data["routes"][route]
-        table.append((route, "-" if r["operators"] is None else str(r["operators"]), _per(r["calls"], steps),
-                      _share(r["share"]), _per(r["host_bytes"], steps, True)))
-    widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
-    lines = [head] + ["  " + "  ".join(c.ljust(w) if i == 0 else c.rjust(w)
-                                       for i, (c, w) in enumerate(zip(row, widths))) for row in table]
-    lines.append(f"  (time share: of {data['time_basis']}; a decomposition's parts count within it)")
+        if r["operators"] == 0:
+            rows.append((route, "0", "0", "-", "-"))
+            continue
+        rows.append((route, "-" if r["operators"] is None else str(r["operators"]), _per(r["calls"], steps),
+                     _share(r["share"]), _per(r["host_bytes"], steps, True)))
+    lines = [f"verdict for {chip} ({data['backend']}, device {data['device_type']}{origin}), {per}:"]
+    lines += _columns(rows)
+    lines.append(f"  time share: of {data['time_basis']}; a decomposition's parts count within it")
     away = data["operators"]
     if not away:
         lines.append(f"every operator ran natively on {chip}")
         return "\n".join(lines)
     counts = {route: sum(o["route"] == route for o in away) for route in ROUTES[1:]}
     summary = ", ".join(f"{n} {route}" for route, n in counts.items() if n)
-    lines.append(f"{len(away)} operators would not run natively on {chip} ({summary}), costliest first:")
-    rows = []
+    noun = "operator" if len(away) == 1 else "operators"
+    lines.append(f"{len(away)} {noun} would not run natively on {chip} ({summary}), costliest first:")
+    rows = [("OPERATOR", "ROUTE", f"CALLS{unit}", "TIME SHARE", f"HOST BYTES{unit}", "DTYPES", "NOTE")]
     for o in away[:limit]:
-        note = ""
-        if o["native_for_other_dtypes"]:
-            note = f"native except for {', '.join(o['dtypes'])}"
-        rows.append((o["op"], o["route"], f"{_per(o['calls'], steps)} calls", _share(o["share"]),
+        note = f"native except for {', '.join(o['dtypes'])}" if o["native_for_other_dtypes"] else ""
+        rows.append((o["op"], o["route"], _per(o["calls"], steps), _share(o["share"]),
                      _per(o["host_bytes"], steps, True), ",".join(o["dtypes"]), note))
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    lines += ["  " + "  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows]
+    lines += _columns(rows)
     if len(away) > limit:
         lines.append(f"  ... and {len(away) - limit} more (--json lists them all)")
     return "\n".join(lines)
