@@ -33,6 +33,7 @@ def test_the_device_is_named_npu_and_answers_with_the_chips_traits(ascend):
     assert torch._C._get_privateuse1_backend_name() == "npu" and torch.npu is sim_module
     assert torch.cuda.device_count() == 2 == torch.npu.device_count()  # ASCEND_RT_VISIBLE_DEVICES=0,1
     assert torch.cuda.get_device_properties(0).total_memory == MEMORY
+    assert torch.cuda.get_device_name(0) == "Ascend 910B (flagos sim)" == torch.npu.get_device_name(1)
     assert ascend.collective == "hccl"
 
 

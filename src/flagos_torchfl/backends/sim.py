@@ -123,6 +123,7 @@ class SimBackend(Backend):
             limit = self.device_memory(selection.options)
         if sim.is_installed():
             sim.set_memory_limit(limit)
+        name = selection.probe.devices[0].name if selection.probe is not None else None
         sim.install(num_devices=count, native_ops=selection.options["native_ops"], memory_limit=limit,
-                    device_type=self.device_type)
+                    device_type=self.device_type, device_name=name)
         return None

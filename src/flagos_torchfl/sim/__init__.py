@@ -37,10 +37,12 @@ _installed: tuple[int, frozenset[str], str] | None = None
 
 
 def install(num_devices: int = 1, native_ops: Iterable[str] | None = None,
-            memory_limit: int | None = None, device_type: str = "sim") -> types.ModuleType:
+            memory_limit: int | None = None, device_type: str = "sim",
+            device_name: str | None = None) -> types.ModuleType:
     """Claim PyTorch's PrivateUse1 slot as device type ``device_type`` (``"sim"``, or a chip's
     name such as ``"npu"`` so that code written for that chip runs) and return its device module
-    (also ``torch.<device_type>``).
+    (also ``torch.<device_type>``). ``device_name``: what ``get_device_name`` answers (None:
+    ``'flagos sim device'``).
 
     ``num_devices``: number of sim devices (``sim:0`` ...). ``native_ops``: the overloads the
     devices run natively, fully qualified as :func:`parse_native_ops` and
@@ -67,7 +69,7 @@ def install(num_devices: int = 1, native_ops: Iterable[str] | None = None,
         if _installed is not None:
             _check_same(num_devices, native, memory_limit, device_type)
             return getattr(torch, device_type)
-        module = registration.claim(num_devices, memory_limit, native, device_type)
+        module = registration.claim(num_devices, memory_limit, native, device_type, device_name)
         _installed = (num_devices, native, device_type)
     logger.info("sim: installed %d device(s) of type %r on PrivateUse1 with %d native operator "
                 "overloads", num_devices, device_type, len(native))

@@ -29,7 +29,6 @@ __all__ = [
     "StreamContext",
 ]
 
-DEVICE_NAME = "flagos sim device"
 
 _index = runtime.to_index
 
@@ -105,16 +104,16 @@ def synchronize(device: Any = None) -> None:
 
 
 def get_device_name(device: Any = None) -> str:
-    """``'flagos sim device'``."""
+    """The devices' name: ``'flagos sim device'`` unless installed with another."""
     _index(device)
-    return DEVICE_NAME
+    return runtime.DEVICE_NAME
 
 
 class _DeviceProperties:
     """What :func:`get_device_properties` reports about one sim device."""
 
     def __init__(self, index: int):
-        self.name = DEVICE_NAME
+        self.name = runtime.DEVICE_NAME
         self.type = runtime.DEVICE_TYPE
         self.index = index
         self.total_memory = runtime.allocator(index).capacity
