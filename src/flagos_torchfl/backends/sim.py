@@ -38,9 +38,9 @@ class SimBackend(Backend):
         result = ProbeResult(backend=self.name, status="on-request")
         try:
             count = logical_device_count(self.devices_env)
+            memory = variables.read("FL_SIM_DEVICE_MEMORY") or NOMINAL_MEMORY
         except ConfigError as exc:
             return ProbeResult(backend=self.name, status="unavailable", reason=str(exc))
-        memory = variables.read("FL_SIM_DEVICE_MEMORY") or NOMINAL_MEMORY
         result.devices = [DeviceInfo(i, "flagos sim device", memory) for i in range(count)]
         result.notes.append("not probed: registering it claims PrivateUse1 for the process")
         return result
@@ -79,7 +79,7 @@ class SimBackend(Backend):
 
     def device_memory(self, options: Mapping[str, Any]) -> Optional[int]:
         """Bytes per device the sim enforces when no memory limit is set (None: the sim's
-        nominal 16 GiB, not enforced beyond that)."""
+        nominal 16 GiB)."""
         return options.get("device_memory")
 
     def observe_native_calls(self, observer):

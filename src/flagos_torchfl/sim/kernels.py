@@ -172,12 +172,13 @@ class _Call:
         if len(self.indices) > 1:
             raise RuntimeError(
                 "Expected all tensors to be on the same device, but found at least two devices, "
-                f"{runtime.DEVICE_TYPE}:{self.indices[0]} and {runtime.DEVICE_TYPE}:{self.indices[1]}! (in {self.name})"
+                f"{runtime.device_name(self.indices[0])} and {runtime.device_name(self.indices[1])}! "
+                f"(in {self.name})"
             )
         if self.indices and self.foreign is not None and not allow_cpu:
             raise RuntimeError(
                 "Expected all tensors to be on the same device, but found at least two devices, "
-                f"{runtime.DEVICE_TYPE}:{self.indices[0]} and {self.foreign.device}! (in {self.name})"
+                f"{runtime.device_name(self.indices[0])} and {self.foreign.device}! (in {self.name})"
             )
 
     def output_index(self) -> int:
