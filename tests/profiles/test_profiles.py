@@ -92,6 +92,16 @@ def test_memory_per_device_defaults_to_the_chips_and_is_overridable(env):
     assert selection.device_memory(0) == 8 << 30 and selection.memory_limit_bytes() == 4 << 30
 
 
+def test_the_plain_sim_takes_its_memory_per_device_from_the_environment_too(env):
+    env.setenv("FL_SIM_DEVICE_MEMORY", "8GiB")
+    selection = build_selection("sim", {})
+    assert selection.chip is get_backend("sim") and selection.device_memory(0) == 8 << 30
+    assert selection.chip.device_memory(selection.options) == 8 << 30
+    env.delenv("FL_SIM_DEVICE_MEMORY")
+    selection = build_selection("sim", {})
+    assert selection.device_memory(0) == 16 << 30 and selection.chip.device_memory(selection.options) is None
+
+
 def test_same_request_tells_profiles_apart(env):
     env.setenv("FL_SIM_PROFILE", "ascend")
     a = build_selection("sim", {})
