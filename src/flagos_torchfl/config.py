@@ -14,7 +14,7 @@ from typing import Any, Mapping, Optional, Tuple
 from .errors import ConfigError
 
 MIB = 1 << 20
-_UNITS = {
+UNITS = {
     "b": 1,
     "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
     "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40,
@@ -105,8 +105,8 @@ def _parse_memory_string(text: str) -> MemoryLimit:
     if re.fullmatch(r"[0-9]*\.[0-9]+|[0-9]+\.", s):
         return parse_memory_limit(float(s))
     m = re.fullmatch(r"([0-9]+(?:\.[0-9]+)?)([A-Za-z]+)", s)
-    if m and m.group(2).lower() in _UNITS:
-        return parse_memory_limit(int(float(m.group(1)) * _UNITS[m.group(2).lower()]))
+    if m and m.group(2).lower() in UNITS:
+        return parse_memory_limit(int(float(m.group(1)) * UNITS[m.group(2).lower()]))
     units = ", ".join(["B", "KB", "MB", "GB", "TB", "KiB", "MiB", "GiB", "TiB"])
     raise ConfigError(
         f"memory_virtual_limit={text!r} is malformed; give {_MEMORY_FORMS} (units: {units})"

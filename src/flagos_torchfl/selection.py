@@ -211,14 +211,21 @@ def build_selection(
 
 def assemble(name: str, source: str, why: str, result: ProbeResult, merged: config.Settings,
              routing: RoutingConfig, environ: Mapping[str, str] = os.environ) -> Selection:
-    """The Selection of backend ``name`` as probed (``result``) with validated settings: ranges
-    ``gpu_ids`` and checks the memory limit against the devices' memory."""
-    chip = registry().get(name)
+    """The Selection of backend ``name`` as probed (``result``) with validated settings: takes the
+    chip's variant its options ask for (a sim profile), ranges ``gpu_ids`` and checks the memory
+    limit against the devices' memory."""
+    family = registry().get(name)
+    options = family.options(environ)
+    chip = family.variant(options)
+    if chip is not family:  # a variant (a sim profile) answers for its own devices
+        result = chip.probe(count_ops=False)
+        if not result.available:
+            raise BackendUnavailableError(chip.name, result.reason or "unavailable")
     count = result.device_count
     devices = config.parse_gpu_ids(merged.gpu_ids, count) if merged.gpu_ids else _first_devices(count, environ)
     selection = Selection(
         backend=name, chip=chip, devices=devices, settings=dataclasses.replace(merged, gpu_ids=devices),
-        source=source, reason=why, options=chip.options(environ), routing=routing,
+        source=source, reason=why, options=options, routing=routing,
         cuda_kernel_packages=variables.read("FL_CUDA_KERNEL_PACKAGES", environ),
         fp32_ops=fp32_ops_from_env(environ), check_finite=variables.read("FL_CHECK_FINITE", environ),
         probe=result,

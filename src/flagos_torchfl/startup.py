@@ -5,6 +5,7 @@ every child process inherits it:
 
 - ``FL_BACKEND`` (+ ``FL_BACKEND_FROM_LAUNCHER=1``) when ``--backend`` was given, so the
   launcher's choice wins over ``FL_BACKEND`` and code everywhere (see :mod:`.selection`);
+  ``--profile NAME`` gives ``FL_BACKEND=sim`` the same way, with ``FL_SIM_PROFILE=NAME``;
 - :data:`BOOTSTRAP_DIR` at the front of ``PYTHONPATH``: each new interpreter (``subprocess`` of
   ``python``, ``multiprocessing`` spawn/forkserver children, DataLoader workers, torchrun
   workers) runs its ``sitecustomize.py`` at start-up;
@@ -22,7 +23,7 @@ import importlib.util
 import os
 import sys
 from pathlib import Path
-from typing import MutableMapping, Optional, Sequence
+from typing import MutableMapping, Optional, Sequence, Union
 
 from . import variables
 from .log import get_logger
@@ -38,11 +39,13 @@ def prepare_environment(
     environ: MutableMapping[str, str],
     backends: Optional[Sequence[str]] = None,
     log_level: Optional[str] = None,
-    report: bool = False,
+    report: Union[bool, str] = False,
+    profile: Optional[str] = None,
     devices: Optional[int] = None,
 ) -> MutableMapping[str, str]:
     """Set in ``environ`` (and return it) the variables that make the launched program and every
-    Python child it starts activate: ``backends`` are canonical names, already validated."""
+    Python child it starts activate: ``backends`` are canonical names and ``profile`` a sim
+    profile, already validated; ``report``: True (text) or ``"json"``."""
     paths = [p for p in environ.get("PYTHONPATH", "").split(os.pathsep) if p and p != BOOTSTRAP_DIR]
     environ["PYTHONPATH"] = os.pathsep.join([BOOTSTRAP_DIR, *paths])
     variables.assign(environ, "FL_ACTIVATE", "1")
@@ -52,8 +55,10 @@ def prepare_environment(
         environ.pop("FL_PARENT_ACTIVATION", None)  # a nested launcher's own choice wins
     if log_level:
         variables.assign(environ, "FL_LOG_LEVEL", log_level)
+    if profile:
+        variables.assign(environ, "FL_SIM_PROFILE", profile)
     if report:
-        variables.assign(environ, "FL_RUN_REPORT", "1")
+        variables.assign(environ, "FL_RUN_REPORT", "json" if report == "json" else "1")
     if devices is not None:
         variables.assign(environ, "FL_DEVICES", str(devices))
     return environ
@@ -80,7 +85,8 @@ def failure_message(exc: BaseException) -> str:
 
 
 def print_report() -> None:
-    """Print the routing report to stderr, if the installed routing layer provides one."""
+    """Print the routing report and verdict to stderr (as JSON under ``run --json``), if the
+    installed routing layer provides one."""
     try:
         found = importlib.util.find_spec(REPORT_MODULE) is not None
     except ImportError:
@@ -89,4 +95,5 @@ def print_report() -> None:
         return
     from .routing import report
 
-    print(report.render(), file=sys.stderr)
+    as_json = variables.read("FL_RUN_REPORT") == "json"
+    print(report.render_json() if as_json else report.render(), file=sys.stderr)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import re
 from typing import Any, Callable, Dict, Mapping, MutableMapping, Optional, Tuple
 
 from . import config
@@ -79,6 +80,23 @@ def _packages(name: str) -> Callable[[str], Tuple[str, ...]]:
     return parse
 
 
+def _device_memory(text: str) -> int:
+    found = re.fullmatch(r"([0-9]+(?:\.[0-9]+)?)([A-Za-z]*)", text.replace(" ", ""))
+    scale = config.UNITS.get((found.group(2) or "b").lower()) if found else None
+    size = int(float(found.group(1)) * scale) if scale else 0
+    if size < config.MIB:
+        raise ConfigError(f"FL_SIM_DEVICE_MEMORY={text!r} is not valid: give bytes per device, at least "
+                          "1 MiB, e.g. `64GiB`, `48GB`, `1073741824`")
+    return size
+
+
+def _report(text: str) -> str:
+    value = {"1": "text", "text": "text", "json": "json"}.get(text.lower())
+    if value is None:
+        raise ConfigError(f"FL_RUN_REPORT={text!r} is not valid: `1` (text) or `json`")
+    return value
+
+
 def _probe_timeout(text: str) -> float:
     try:
         value = float(text)
@@ -110,6 +128,13 @@ _DECLARED = (
              "devices of the `sim` backend (default `LOCAL_WORLD_SIZE`, else 1)"),
     Variable("FL_SIM_NATIVE_OPS", _text, None,
              "the operators `sim` runs natively: names, categories, or a file `ops --export` wrote"),
+    Variable("FL_SIM_PROFILE", _text, None,
+             "make `sim` answer as a chip: `ascend`, `cambricon` or `mthreads` (its operator table and traits)"),
+    Variable("FL_SIM_DEVICE_MEMORY", _device_memory, None,
+             "memory per `sim` device, e.g. `64GiB` (default: the profile's chip, else 16 GiB)"),
+    Variable("FL_FALLBACK_BUDGET", _text, None,
+             "fail the run when host fallbacks exceed a count (`10`) or a share of operator time "
+             "(`5%`); `:strict` (or `strict` alone, for none) fails at the first violation"),
     Variable("FL_OP_ROUTE", _text, None, "per-operator routes, e.g. `softmax=cpu,gelu=composite`"),
     Variable("FL_ROUTING_CONFIG", _text, None, "a JSON or TOML file of per-operator routes"),
     Variable("FL_ROUTING_REGISTRATION", _choice("FL_ROUTING_REGISTRATION", ("auto", "per-op")), "auto",
@@ -125,7 +150,8 @@ _DECLARED = (
     Variable("FL_ACTIVATE", _flag, False, "`1`: the start-up hook activates this process", internal=True),
     Variable("FL_BACKEND_FROM_LAUNCHER", _flag, False, "`1`: FL_BACKEND came from `run --backend`",
              internal=True),
-    Variable("FL_RUN_REPORT", _flag, False, "`1`: print the routing report at exit (`run --report`)",
+    Variable("FL_RUN_REPORT", _report, None,
+             "`1`: print the routing report at exit (`run --report`), `json`: as JSON (`--json`)",
              internal=True),
     Variable("FL_PARENT_ACTIVATION", _text, None,
              "the activation of the parent process under `run` (JSON), which its children reuse",

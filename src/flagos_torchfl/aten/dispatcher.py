@@ -4,7 +4,7 @@ backend kernel. Answers are read at run time, never kept as constants."""
 from __future__ import annotations
 
 import functools
-from typing import Dict, FrozenSet, Iterable, Tuple
+from typing import Dict, FrozenSet, Iterable, Optional, Tuple
 
 import torch
 
@@ -87,6 +87,23 @@ def needs_backend_kernel(name: str) -> bool:
     if name in stub_composites():
         return True
     return not is_explicit_composite(name)
+
+
+def out_delegate(name: str) -> Optional[str]:
+    """The ``out=`` overload through which PyTorch serves the functional or in-place overload
+    ``name`` of a structured operator on every backend (its CompositeExplicitAutogradNonFunctional
+    kernel allocates the result and calls it): ``aten::gelu`` -> ``aten::gelu.out``,
+    ``aten::scatter_.src`` -> ``aten::scatter.src_out``. None when ``name`` has no such kernel."""
+    if not _has(name, "CompositeExplicitAutogradNonFunctional"):
+        return None
+    packet, _, overload_name = name[len(PREFIX):].partition(".")
+    functional = packet[:-1] if packet.endswith("_") and not packet.endswith("__") else packet
+    known = overloads_by_packet().get(functional, ())
+    for candidate in ((f"{PREFIX}{functional}.{overload_name}_out",) if overload_name else ()) + (
+            f"{PREFIX}{functional}.out",):
+        if candidate in known:
+            return candidate
+    return None
 
 
 def routable(native: Iterable[str]) -> Tuple[str, ...]:

@@ -12,6 +12,8 @@ class AscendBackend(Backend):
     dispatch_key = "PrivateUse1"
     collective = "hccl"
     low_precision_dtype = "float16"  # torch_npu's autocast default; 910B also has bfloat16
+    # no float64 kernels: torch_npu's transfer_to_npu turns DoubleTensor into FloatTensor and
+    # its autocast excludes float64
     supports_float64 = False
     priority = 90
     profiler_activity = "PrivateUse1"
@@ -21,3 +23,5 @@ class AscendBackend(Backend):
     query_tool = ("npu-smi", "info")
     driver_pattern = r"Version:\s*([\w.\-]+)"
     visible_devices_env = "ASCEND_RT_VISIBLE_DEVICES"
+    profile_device_name = "Ascend 910B"
+    profile_memory = 64 << 30

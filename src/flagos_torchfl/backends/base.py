@@ -115,6 +115,10 @@ class Backend:
     kernel_libraries: Tuple[str, ...] = ()
     #: the ``torch.profiler.ProfilerActivity`` that records this chip's work (None: host only)
     profiler_activity: Optional[str] = None
+    #: the chip's common part and its memory per device in bytes, for sim profiles
+    #: (``FL_SIM_PROFILE``): documented defaults, not read from the vendor's packages
+    profile_device_name: Optional[str] = None
+    profile_memory: Optional[int] = None
 
     # ----------------------------------------------------------------- probing
     def probe(self, timeout: Optional[float] = None, count_ops: bool = True, query_tools: bool = True,
@@ -236,6 +240,17 @@ class Backend:
         """Chip-specific inputs read from the environment, validated once when a selection is
         made (and compared by ``Selection.same_request``); raises ConfigError. Default: none."""
         return MappingProxyType({})
+
+    def variant(self, options: Mapping[str, Any]) -> "Backend":
+        """The backend that serves ``options`` (what :meth:`options` returned): this one, unless
+        an option selects a variant of it (sim's ``FL_SIM_PROFILE`` selects a chip profile)."""
+        return self
+
+    def observe_native_calls(self, observer: Callable[[str, int], None]) -> Optional[Callable[[], None]]:
+        """Call ``observer(overload, nanoseconds)`` after each native operator call when the chip
+        can time its operators from the host; returns the undo, or None when it cannot (a real
+        chip runs its kernels asynchronously)."""
+        return None
 
     def native_ops(self, options: Mapping[str, Any]) -> FrozenSet[str]:
         """ATen overloads the chip runs natively, once its runtime is loaded (the dispatcher's

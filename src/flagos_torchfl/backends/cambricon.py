@@ -12,7 +12,9 @@ class CambriconBackend(Backend):
     dispatch_key = "PrivateUse1"
     collective = "cncl"
     low_precision_dtype = "float16"
-    supports_float64 = True
+    # float64 tensors are stored and computed as float32, with a warning (torch_mlu's
+    # tensor_util.cpp): no float64 precision on the device
+    supports_float64 = False
     priority = 85
     profiler_activity = "PrivateUse1"
     kernel_libraries = ("flaggems",)
@@ -20,3 +22,5 @@ class CambriconBackend(Backend):
     query_tool = ("cnmon", "version")
     driver_pattern = r"[Dd]river\s*[:=]?\s*v?(\d[\w.\-]*)"
     visible_devices_env = "MLU_VISIBLE_DEVICES"
+    profile_device_name = "MLU370-X8"
+    profile_memory = 48 << 30

@@ -12,7 +12,7 @@ class MThreadsBackend(Backend):
     dispatch_key = "PrivateUse1"
     collective = "mccl"
     low_precision_dtype = "float16"
-    supports_float64 = False
+    supports_float64 = False  # float64 only through an opt-in cast to float32
     priority = 80
     profiler_activity = "PrivateUse1"
     kernel_libraries = ("flaggems",)
@@ -20,3 +20,5 @@ class MThreadsBackend(Backend):
     query_tool = ("mthreads-gmi",)
     driver_pattern = r"Driver Version\s*:?\s*([\w.\-]+)"
     visible_devices_env = "MUSA_VISIBLE_DEVICES"
+    profile_device_name = "MTT S4000"
+    profile_memory = 48 << 30

@@ -2,14 +2,15 @@
 
 Registering it claims PrivateUse1 for the whole process, so it is never probed nor
 auto-selected: ``detect`` lists it as available on request (``FL_BACKEND=sim``). Its devices
-(``FL_SIM_DEVICES``) and native operator set (``FL_SIM_NATIVE_OPS``) are read here, once, when a
-selection is made.
+(``FL_SIM_DEVICES``), memory per device (``FL_SIM_DEVICE_MEMORY``), native operator set
+(``FL_SIM_NATIVE_OPS``) and chip profile (``FL_SIM_PROFILE``, see :mod:`.profile`) are read here,
+once, when a selection is made.
 """
 from __future__ import annotations
 
 import os
 from types import MappingProxyType
-from typing import Any, FrozenSet, Mapping
+from typing import Any, FrozenSet, Mapping, Optional
 
 from .. import variables
 from ..errors import ConfigError, PrivateUse1ClaimedError
@@ -38,23 +39,56 @@ class SimBackend(Backend):
         result = ProbeResult(backend=self.name, status="on-request")
         try:
             count = logical_device_count(self.devices_env)
+            memory = variables.read("FL_SIM_DEVICE_MEMORY") or NOMINAL_MEMORY
         except ConfigError as exc:
             return ProbeResult(backend=self.name, status="misconfigured", reason=str(exc))
-        result.devices = [DeviceInfo(i, "flagos sim device", NOMINAL_MEMORY) for i in range(count)]
+        result.devices = [DeviceInfo(i, "flagos sim device", memory) for i in range(count)]
         result.notes.append("not probed: registering it claims PrivateUse1 for the process")
         return result
 
     def options(self, environ: Mapping[str, str] = os.environ) -> Mapping[str, Any]:
         """``native_ops``: the set ``FL_SIM_NATIVE_OPS`` names (ATen names, categories or
-        friendly names of the semantic table, or a file such as one ``ops --export`` wrote),
-        None for the default set."""
+        friendly names of the semantic table, or a file such as one ``ops --export`` wrote), or
+        the table of the chip ``FL_SIM_PROFILE`` names; None for the default set. ``profile``:
+        that chip (None: none). ``device_memory``: ``FL_SIM_DEVICE_MEMORY`` (None: unset)."""
         spec = variables.read("FL_SIM_NATIVE_OPS", environ)
-        if spec is None:
-            return MappingProxyType({"native_ops": None})
-        from .. import sim
-        from ..aten import names
+        profile = variables.read("FL_SIM_PROFILE", environ)
+        memory = variables.read("FL_SIM_DEVICE_MEMORY", environ)
+        native = None
+        if profile is not None:
+            from .profile import check_profile, native_set
 
-        return MappingProxyType({"native_ops": sim.parse_native_ops(spec, resolve_name=names.resolve_semantic)})
+            profile = check_profile(profile.strip().lower())
+            if spec is not None:
+                raise ConfigError("FL_SIM_NATIVE_OPS and FL_SIM_PROFILE are both set: a profile brings "
+                                  "its chip's native set; unset one (FL_OP_ROUTE adjusts single operators)")
+            native = native_set(profile)
+        elif spec is not None:
+            from .. import sim
+            from ..aten import names
+
+            native = sim.parse_native_ops(spec, resolve_name=names.resolve_semantic)
+        return MappingProxyType({"native_ops": native, "profile": profile, "device_memory": memory})
+
+    def variant(self, options: Mapping[str, Any]) -> Backend:
+        """The chip profile ``options`` select (:mod:`.profile`), else this backend."""
+        if not options.get("profile"):
+            return self
+        from .profile import profile_backend
+
+        return profile_backend(options["profile"])
+
+    def device_memory(self, options: Mapping[str, Any]) -> Optional[int]:
+        """Bytes per device the sim enforces when no memory limit is set (None: the sim's
+        nominal 16 GiB)."""
+        return options.get("device_memory")
+
+    def observe_native_calls(self, observer):
+        """The sim times every native kernel call on the host."""
+        from ..sim import kernels
+
+        kernels.set_observer(observer)
+        return lambda: kernels.set_observer(None)
 
     def native_ops(self, options: Mapping[str, Any]) -> FrozenSet[str]:
         """The installed sim's set; before installation the set ``options`` describe."""
@@ -91,9 +125,13 @@ class SimBackend(Backend):
             )
         count = selection.probe.device_count if selection.probe is not None else max(selection.devices) + 1
         limit = selection.memory_limit_bytes()
+        if limit is None:
+            limit = self.device_memory(selection.options)
         if sim.is_installed():
             sim.set_memory_limit(limit)
-        sim.install(num_devices=count, native_ops=selection.options["native_ops"], memory_limit=limit)
+        name = selection.probe.devices[0].name if selection.probe is not None else None
+        sim.install(num_devices=count, native_ops=selection.options["native_ops"], memory_limit=limit,
+                    device_type=self.device_type, device_name=name)
         return None
 
     def update_settings(self, old, new) -> None:

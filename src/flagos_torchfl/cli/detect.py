@@ -35,7 +35,28 @@ def collect() -> dict:
         rows.append({"name": name, "backend": name, "status": "unavailable", "reason": reason,
                      "devices": [], "device_count": 0})
     pick, why = would_pick(probe=lambda name: probes[name])
-    return {"backends": rows, "auto_select": {"backend": pick, "why": why}}
+    return {"backends": rows, "auto_select": {"backend": pick, "why": why}, "sim_profiles": sim_profiles()}
+
+
+def sim_profiles() -> list:
+    """One row per sim profile (``FL_SIM_PROFILE``): the chip's table and the traits it brings,
+    and whether the simulated device can take the chip's device type name in this process."""
+    from ..backends.profile import native_set, profile_backend, profiles
+
+    rows = []
+    for name in profiles():
+        backend = profile_backend(name)
+        source = backend.table.source
+        rows.append({
+            "profile": name, "table": f"{source.get('package') or source.get('repository')} "
+                                      f"{source.get('version') or source.get('ref')}",
+            "native_ops": len(native_set(name)), "device_type": backend.device_type,
+            "chip_device_type": backend.chip.device_type, "rename_problem": backend.rename_problem,
+            "collective": backend.collective, "low_precision_dtype": backend.low_precision_dtype,
+            "float64": "native" if backend.supports_float64 else "routed",
+            "memory": backend.chip.profile_memory, "visible_devices_env": backend.visible_devices_env,
+        })
+    return rows
 
 
 def _status(row: dict) -> str:
@@ -79,12 +100,29 @@ def render(data: dict) -> str:
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in table]
     lines.append("CATEGORIES: common operation categories the backend runs natively "
                  "(`python -m flagos_torchfl ops --backend NAME --categories`)")
+    lines += ["", *_render_profiles(data["sim_profiles"])]
     pick = data["auto_select"]
     if pick["backend"]:
         lines.append(f"\nauto_select_backend() would pick: {pick['backend']} ({pick['why']})")
     else:
         lines.append(f"\nauto_select_backend() would fail: {pick['why']}")
     return "\n".join(lines)
+
+
+def _render_profiles(rows: list) -> list:
+    table = [("SIM PROFILE", "OPERATOR TABLE", "NATIVE OPS", "DEVICE", "COLLECTIVE", "LOW PRECISION",
+              "FLOAT64", "MEMORY/DEVICE", "VISIBLE DEVICES")]
+    for r in rows:
+        device = r["device_type"] if not r["rename_problem"] else f"sim (not {r['chip_device_type']})"
+        table.append((r["profile"], r["table"], str(r["native_ops"]), device, r["collective"],
+                      r["low_precision_dtype"], r["float64"], format_bytes(r["memory"]) if r["memory"] else "-",
+                      r["visible_devices_env"] or "-"))
+    widths = [max(len(r[i]) for r in table) for i in range(len(table[0]))]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in table]
+    lines.append("SIM PROFILE: `run --profile NAME` (or FL_BACKEND=sim FL_SIM_PROFILE=NAME) runs a program on the "
+                 "sim answering as that chip")
+    lines += [f"  {r['profile']}: the device stays 'sim': {r['rename_problem']}" for r in rows if r["rename_problem"]]
+    return lines
 
 
 def run(args) -> int:

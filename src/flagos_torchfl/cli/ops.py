@@ -1,5 +1,6 @@
-"""``ops``: the route every operator takes on a backend, its category coverage, and export of a
-chip's native operator table (replayable on ``sim`` with ``FL_SIM_NATIVE_OPS=FILE``)."""
+"""``ops``: the route every operator takes on a backend or sim profile, its category coverage,
+export of a chip's native operator table (replayable on ``sim`` with ``FL_SIM_NATIVE_OPS=FILE``),
+and the comparison of two chips' tables by category (``--diff``)."""
 from __future__ import annotations
 
 import json
@@ -13,6 +14,11 @@ from ..routing.overrides import ROUTES
 def add_parser(sub) -> None:
     p = sub.add_parser("ops", help="list the route of every operator on a backend; export its native table")
     p.add_argument("--backend", help="backend name or alias (e.g. sim, cpu, ascend)")
+    p.add_argument("--profile", metavar="CHIP",
+                   help="a sim profile (ascend, cambricon, mthreads): the chip's published operator table")
+    p.add_argument("--diff", metavar="OTHER",
+                   help="compare with OTHER (a profile, or a backend whose kernels this torch has, e.g. "
+                        "cpu or cuda) by category: what a model loses and gains moving there")
     p.add_argument("--route", choices=ROUTES, help="list only operators taking this route")
     p.add_argument("--export", metavar="FILE",
                    help="write the backend's native operator table as JSON (replay it with FL_SIM_NATIVE_OPS=FILE)")
@@ -42,12 +48,20 @@ def run(args) -> int:
     if args.names:
         print(_names(args.json))
         return 0
-    if not args.backend:
-        print("ops: give --backend NAME (or --names)")
+    if bool(args.backend) == bool(args.profile):
+        print("ops: give --backend NAME or --profile CHIP (or --names)")
         return 2
     try:
-        backend = get_backend(args.backend)
-        native = plan.native_table(backend)
+        if args.diff:
+            return _diff(args)
+        if args.profile:
+            from ..backends.profile import check_profile, native_set, profile_backend
+
+            backend = profile_backend(check_profile(args.profile.strip().lower(), "--profile"))
+            native = native_set(backend.profile)
+        else:
+            backend = get_backend(args.backend)
+            native = plan.native_table(backend)
         rows = plan.plan(backend, native) if not args.export else []
     except FlagOSError as exc:
         print(f"ops: {exc}")
@@ -86,4 +100,62 @@ def run(args) -> int:
     summary = ", ".join(f"{counts.get(r, 0)} {r}" for r in ROUTES)
     print(f"\n{backend.name}: {len(rows)} operators reach the backend: {summary}; "
           f"{len(yes)}/{len(yes) + len(no)} common categories native")
+    return 0
+
+
+def _operator_table(name: str):
+    """(label, native overloads) of a profile's published table, or of a backend: the kernels
+    this torch registers for its dispatch key (cpu, cuda ...), or its runtime's (sim)."""
+    import torch
+
+    from ..aten.dispatcher import native_set
+    from ..backends.profile import known_table_ops, profiles
+    from ..errors import ConfigError
+    from ..routing import plan
+
+    from ..backends import get_backend
+
+    key = name.strip().lower()
+    if key in profiles():
+        from ..backends import op_tables
+
+        source = op_tables.load(key).source
+        origin = f"{source.get('package') or source.get('repository')} {source.get('version') or source.get('ref')}"
+        return f"{key} ({origin})", known_table_ops(key)[0]
+    backend = get_backend(key)
+    if backend.dispatch_key == "PrivateUse1":
+        return f"{backend.name}", plan.native_table(backend)
+    ops = native_set(backend.dispatch_key)
+    if "aten::add.Tensor" not in ops:
+        raise ConfigError(f"this torch build ({torch.__version__}) registers no {backend.dispatch_key} kernels, "
+                          f"so it has no {backend.name} table; run `ops --diff {backend.name}` where a "
+                          f"{backend.name} build of torch is installed (no device is needed)")
+    return f"{backend.name} (torch {torch.__version__} dispatcher)", ops
+
+
+def _diff(args) -> int:
+    from ..routing import plan
+
+    first = args.profile or args.backend
+    a_label, a_ops = _operator_table(first)
+    b_label, b_ops = _operator_table(args.diff)
+    result = plan.compare(a_label, a_ops, b_label, b_ops)
+    if args.json:
+        print(json.dumps(result, indent=1))
+        return 0
+    for side in ("from", "to"):
+        r = result[side]
+        print(f"{r['name']}: {r['operators']} operators reach the backend, {r['categories']} common categories native")
+    short_a, short_b = a_label.split(" (")[0], b_label.split(" (")[0]
+    for kind, verb, other in (("lost", "loses", short_b), ("gained", "gains", short_a)):
+        categories, operators = result[f"categories_{kind}"], result[f"operators_{kind}"]
+        count = len({op for ops in operators.values() for op in ops})
+        print(f"\nmoving from {short_a} to {short_b} {verb} {len(categories)} common categories and "
+              f"{count} operators" + (":" if categories or operators else ""))
+        for category, lacking in categories.items():
+            needs = "; ".join(" or ".join(entry.split("|")) for entry in lacking)
+            print(f"  category {category}: {other} has none of {needs}")
+        for category, ops in operators.items():
+            shown = ", ".join(op[len("aten::"):] for op in ops[:6]) + (f", ... ({len(ops)})" if len(ops) > 6 else "")
+            print(f"  {category:<22} {shown}")
     return 0

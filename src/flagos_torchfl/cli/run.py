@@ -1,6 +1,7 @@
 """``run``: start a program with the backend layer active, with no change to the program.
 
-    python -m flagos_torchfl run [--backend NAME] [--log-level LEVEL] [--report] script.py ARGS
+    python -m flagos_torchfl run [--backend NAME | --profile CHIP] [--log-level LEVEL]
+                                 [--report [--json]] script.py ARGS
     python -m flagos_torchfl run [OPTIONS] -m package.module ARGS
     python -m flagos_torchfl run [OPTIONS] [--] command ARGS    (torchrun, python other.py, ...)
 
@@ -19,7 +20,11 @@ through: ``sys.exit(n)`` gives ``n``, an uncaught exception prints its traceback
 (an uncaught ``torch.OutOfMemoryError`` with a note: the pool figures and what to change).
 A command's exit code is its own. Every Python child activates when it imports torch (see
 :mod:`flagos_torchfl.startup`). Usage errors (a missing script, module or command included)
-exit with 2, an activation failure with 1, a command that cannot be started with 126.
+exit with 2, an activation failure with 1, a command that cannot be started with 126, a run
+over its ``FL_FALLBACK_BUDGET`` with 3.
+
+``--profile CHIP`` runs on the sim answering as that chip (``FL_SIM_PROFILE``); ``--report``
+prints, at exit, the routing report ending with the verdict, ``--json`` the verdict as JSON.
 """
 from __future__ import annotations
 
@@ -74,7 +79,7 @@ Target = Union[Script, Module, Command]
 def add_parser(sub) -> None:
     p = sub.add_parser(
         "run", help="run a script, module or command with the backend active in it and its children",
-        usage="%(prog)s [--backend NAME] [--devices N] [--log-level LEVEL] [--report] "
+        usage="%(prog)s [--backend NAME | --profile CHIP] [--devices N] [--log-level LEVEL] [--report] [--json] "
               "(script.py | -m module | [--] command) [args ...]",
         description=__doc__.split("\n\n")[0],
     )
@@ -85,7 +90,12 @@ def add_parser(sub) -> None:
                    help="use N devices: cpu and sim present N logical devices, other backends use "
                         "their first N (sets FL_DEVICES for the program and its children)")
     p.add_argument("--log-level", metavar="LEVEL", help=f"FL_LOG_LEVEL for the program: {', '.join(LEVELS)}")
-    p.add_argument("--report", action="store_true", help="print the routing report when the program exits")
+    p.add_argument("--profile", metavar="CHIP",
+                   help="run on the sim answering as CHIP (ascend, cambricon, mthreads): its operator "
+                        "table and traits (FL_SIM_PROFILE)")
+    p.add_argument("--report", action="store_true",
+                   help="print the routing report and the verdict when the program exits")
+    p.add_argument("--json", action="store_true", help="print the verdict as JSON when the program exits")
     p.add_argument("-m", dest="module", nargs=argparse.REMAINDER, metavar="MODULE",
                    help="run a module as `python -m` does; the rest of the line is its arguments")
     p.add_argument("program", nargs=argparse.REMAINDER,
@@ -98,12 +108,16 @@ def run(args) -> int:
     try:
         target = parse_target(args.module, args.program)
         backends = validate_backend(args.backend)
+        profile = validate_profile(args.profile, backends)
         level = validate_log_level(args.log_level)
         devices = validate_devices(args.devices)
     except UsageError as exc:
         print(f"flagos-torchfl run: error: {exc}", file=sys.stderr)
         return 2
-    startup.prepare_environment(os.environ, backends, level, args.report, devices)
+    if profile:
+        backends = ["sim"]
+    report = "json" if args.json else args.report
+    startup.prepare_environment(os.environ, backends, level, report, profile, devices)
     if level:
         get_logger().setLevel(level_from_env())
     if isinstance(target, Command):
@@ -163,6 +177,22 @@ def validate_backend(value: Optional[str]) -> Optional[List[str]]:
     try:
         return parse_backend_list(value, "--backend")
     except (UnknownBackendError, ValueError) as exc:
+        raise UsageError(str(exc)) from None
+
+
+def validate_profile(value: Optional[str], backends: Optional[List[str]]) -> Optional[str]:
+    """The profile name for ``--profile`` (None when not given); raises UsageError for an
+    unknown one (naming the valid ones) or beside a ``--backend`` other than sim."""
+    if value is None:
+        return None
+    from ..backends.profile import check_profile
+
+    if backends not in (None, ["sim"]):
+        raise UsageError(f"--profile runs the program on the sim; it cannot be combined with "
+                         f"--backend {','.join(backends)}")
+    try:
+        return check_profile(value.strip().lower(), "--profile")
+    except ConfigError as exc:
         raise UsageError(str(exc)) from None
 
 

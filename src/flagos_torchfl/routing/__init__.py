@@ -13,6 +13,8 @@ from typing import Callable, Dict, Optional
 
 _lock = threading.Lock()
 _active = None
+#: the census (native calls, optimizer steps) of the active router, for the verdict
+_census = None
 #: overrides loaded with :func:`load_routing_config`, and those the active selection read from
 #: the environment (which win)
 _loaded: Dict[str, tuple] = {}
@@ -40,8 +42,9 @@ def build_policy(chip, options, overrides):
 
 def activate(selection) -> Optional[Callable[[], None]]:
     """Activation step: route the selected chip's missing operators; returns the undo (None
-    when the chip runs every operator)."""
-    global _active
+    when the chip runs every operator). A census counts the run for the verdict, and
+    ``FL_FALLBACK_BUDGET`` holds it to a budget."""
+    global _active, _census
     from ..log import get_logger
 
     chip = selection.chip
@@ -53,20 +56,56 @@ def activate(selection) -> Optional[Callable[[], None]]:
     from_environment = selection.routing.override_table()
     router = Router(build_policy(chip, selection.options, from_environment))
     undo = router.install(selection.routing.registration)
+    census, stop_watching = _watch(router, chip, selection.routing.budget)
 
     def deactivate() -> None:
-        global _active
+        global _active, _census
         with _lock:
             try:
+                stop_watching()
                 undo()
             finally:
-                _active = None
+                _active = _census = None
 
     with _lock:
         _active = router
+        _census = census
         _from_environment.clear()
         _from_environment.update(from_environment)
     return deactivate
+
+
+def _watch(router, chip, budget):
+    """Start the census of ``router`` and hold it to ``budget`` (None: no budget); returns the
+    census and the undo."""
+    import atexit
+
+    from .budget import Guard
+    from .verdict import Census, verdict
+
+    census = Census(router, chip)
+    stop = census.start()
+    if budget is None:
+        return census, stop
+    guard = Guard(budget, lambda: verdict(router, census))
+    router.watch = guard.after_call
+    census.on_step = guard.after_step
+    atexit.register(guard.at_exit)
+
+    def undo() -> None:
+        atexit.unregister(guard.at_exit)
+        router.watch = census.on_step = None
+        stop()
+
+    return census, undo
+
+
+def current_verdict():
+    """The verdict of the run so far (see :mod:`.verdict`), or None when routing is not active."""
+    from .verdict import verdict as build
+
+    router, census = _active, _census
+    return None if router is None or census is None else build(router, census)
 
 
 def load_routing_config(path) -> Dict[str, str]:

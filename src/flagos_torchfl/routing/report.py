@@ -28,9 +28,19 @@ class Stats:
     def __init__(self):
         self._rows: Dict[str, _Row] = {}
         self._lock = threading.Lock()
+        #: route -> [calls, nanoseconds, host bytes] of the calls not made inside another route
+        self.top: Dict[str, List[int]] = {}
 
-    def record(self, name: str, route: str, dtype_mask: int, ns: int, host_bytes: int) -> None:
+    def record(self, name: str, route: str, dtype_mask: int, ns: int, host_bytes: int,
+               nested: bool = False) -> None:
+        """Count one call of ``name`` by ``route``; ``nested``: made inside another routed call
+        (a part of a decomposition), whose time includes it."""
         with self._lock:
+            if not nested:
+                top = self.top.setdefault(route, [0, 0, 0])
+                top[0] += 1
+                top[1] += ns
+                top[2] += host_bytes
             row = self._rows.get(name)
             if row is None:
                 row = self._rows[name] = _Row()
@@ -76,9 +86,15 @@ class Stats:
         out.sort(key=lambda r: (-r["total_ms"], r["op"]))
         return out
 
+    def totals(self) -> Dict[str, tuple]:
+        """Route -> (calls, nanoseconds, host bytes) of the calls not made inside another route."""
+        with self._lock:
+            return {route: tuple(counts) for route, counts in self.top.items()}
+
     def clear(self) -> None:
         with self._lock:
             self._rows.clear()
+            self.top.clear()
 
 
 def routing_report() -> List[dict]:
@@ -92,10 +108,31 @@ def routing_report() -> List[dict]:
 
 
 def render(rows: Optional[List[dict]] = None) -> str:
-    """The report as a text table (with a one-line summary per route)."""
-    from . import active_router
+    """The report as a text table (with a one-line summary per route), ending with the verdict
+    (:mod:`.verdict`) while routing is active."""
+    from . import active_router, current_verdict
 
-    router = active_router()
+    text = _table(active_router(), rows)
+    data = current_verdict()
+    if data is None:
+        return text
+    from .verdict import render as render_verdict
+
+    return text + "\n\n" + render_verdict(data)
+
+
+def render_json() -> str:
+    """The verdict as one JSON document (``run --report --json``); ``{"routing": null}`` when
+    routing is not active."""
+    import json
+
+    from . import current_verdict
+
+    data = current_verdict()
+    return json.dumps(data if data is not None else {"routing": None}, indent=1)
+
+
+def _table(router, rows: Optional[List[dict]]) -> str:
     if rows is None:
         rows = routing_report()
     if router is None and not rows:

@@ -27,6 +27,7 @@ from .report import Stats
 log = get_logger("routing")
 ROUTE_ORDER = ("library", "composite", "fallback")
 _PENDING = object()
+_NUMBERS = (bool, int, float, complex)
 _TAGS = {"library": "library-op", "composite": "composite-op", "fallback": "cpu-fallback"}
 
 @dataclasses.dataclass(frozen=True)
@@ -72,10 +73,26 @@ class Router:
         self._lock = threading.RLock()
         self._libs: List[torch.library.Library] = []
         self._mechanism = "auto"
+        self._local = threading.local()
+        #: called as ``watch(overload, route)`` after each routed call (e.g. the fallback budget)
+        self.watch: Optional[Callable[[str, str], None]] = None
+
+    def busy(self) -> bool:
+        """True while the calling thread is running a route (its parts are the route's work)."""
+        return getattr(self._local, "depth", 0) > 0
 
     # ------------------------------------------------------------------ dispatcher entry
     def call(self, op, args: tuple, kwargs: dict) -> Any:
         """Run ``op`` by its route (deciding it on the first call for this key)."""
+        local = self._local
+        depth = getattr(local, "depth", 0)
+        local.depth = depth + 1
+        try:
+            return self._call(op, args, kwargs, depth > 0)
+        finally:
+            local.depth = depth
+
+    def _call(self, op, args: tuple, kwargs: dict, nested: bool) -> Any:
         frames = composite.stack()
         if frames and op in frames:
             raise CompositeAbort(op, f"its decomposition re-enters {schema.qualified_name(op)}")
@@ -89,20 +106,23 @@ class Router:
         result, nbytes = _PENDING, 0
         if decision is None:
             decision, result, nbytes = self._decide(op, key, args, kwargs)
+        route = decision.route
         if result is _PENDING:
-            if frames and decision.route in ("fallback", "unsupported"):
+            if frames and route in ("fallback", "unsupported"):
                 raise CompositeAbort(frames[-1], f"its part {schema.qualified_name(op)} has no route "
-                                     f"on the chip (it would need the {decision.route} route)")
+                                     f"on the chip (it would need the {route} route)")
             try:
-                result, nbytes = self._execute(op, decision, args, kwargs)
+                result, nbytes, route = self._execute(op, decision, args, kwargs)
             except CompositeAbort:
                 raise
             except BaseException:
-                self.stats.record(schema.qualified_name(op), decision.route, mask,
-                                  time.perf_counter_ns() - start, 0)
+                self.stats.record(schema.qualified_name(op), route, mask,
+                                  time.perf_counter_ns() - start, 0, nested)
                 raise
-        self.stats.record(schema.qualified_name(op), decision.route, mask,
-                          time.perf_counter_ns() - start, nbytes)
+        name = schema.qualified_name(op)
+        self.stats.record(name, route, mask, time.perf_counter_ns() - start, nbytes, nested)
+        if self.watch is not None:
+            self.watch(name, route)
         return result
 
     # ------------------------------------------------------------------ deciding
@@ -219,12 +239,14 @@ class Router:
 
     # ------------------------------------------------------------------ running
     def _execute(self, op, decision: Decision, args: tuple, kwargs: dict):
+        """(result, host bytes copied, the route taken: a composite that cannot serve a call
+        takes the fallback)."""
         route = decision.route
         if route == "library":
-            return decision.fn(*args, **kwargs), 0
+            return decision.fn(*args, **kwargs), 0, route
         if route == "composite":
             try:
-                return composite.run(op, decision.fn, args, kwargs), 0
+                return composite.run(op, decision.fn, args, kwargs), 0, route
             except CompositeAbort as abort:
                 if abort.target is not op:
                     raise
@@ -233,11 +255,11 @@ class Router:
                 if frames:
                     raise CompositeAbort(frames[-1], abort.reason) from None
                 if fallback.can_run(op) is None:
-                    return self._run_on_host(op, decision, args, kwargs)
+                    return (*self._run_on_host(op, decision, args, kwargs), "fallback")
                 raise OperatorNotSupportedError(schema.qualified_name(op), self.policy.backend,
                                                 [*decision.tried, ("composite", abort.reason)]) from None
         if route == "fallback":
-            return self._run_on_host(op, decision, args, kwargs)
+            return (*self._run_on_host(op, decision, args, kwargs), route)
         raise OperatorNotSupportedError(schema.qualified_name(op), self.policy.backend, list(decision.tried))
 
     def _run_on_host(self, op, decision: Decision, args: tuple, kwargs: dict):
@@ -258,9 +280,17 @@ class Router:
         return kernel
 
     def _gap_kernel_for(self, op, gap: int, native) -> Callable[..., Any]:
+        tensor_args = tuple(i for i, a in enumerate(op._schema.arguments)
+                            if not a.kwarg_only and str(a.type) in ("Tensor", "Optional[Tensor]"))
+
         def kernel(keyset, *args, **kwargs):
             if call_signature(args, kwargs)[0] & gap:
                 return self.call(op, args, kwargs)
+            if any(i < len(args) and isinstance(args[i], _NUMBERS) for i in tensor_args):
+                # a wrapped-number argument (``x * 0.5``) reaches a Python kernel as a number,
+                # which the native kernel's boxed call refuses for a Tensor parameter
+                args = tuple(torch.tensor(a) if i in tensor_args and isinstance(a, _NUMBERS) else a
+                             for i, a in enumerate(args))
             return native.call_boxed(keyset, *args, **kwargs)
 
         return kernel

@@ -33,13 +33,16 @@ __all__ = [
 logger = logging.getLogger("flagos_torchfl.sim")
 
 _lock = threading.Lock()
-_installed: tuple[int, frozenset[str]] | None = None
+_installed: tuple[int, frozenset[str], str] | None = None
 
 
 def install(num_devices: int = 1, native_ops: Iterable[str] | None = None,
-            memory_limit: int | None = None) -> types.ModuleType:
-    """Claim PyTorch's PrivateUse1 slot as device type ``sim`` and return its device module
-    (also ``torch.sim``).
+            memory_limit: int | None = None, device_type: str = "sim",
+            device_name: str | None = None) -> types.ModuleType:
+    """Claim PyTorch's PrivateUse1 slot as device type ``device_type`` (``"sim"``, or a chip's
+    name such as ``"npu"`` so that code written for that chip runs) and return its device module
+    (also ``torch.<device_type>``). ``device_name``: what ``get_device_name`` answers (None:
+    ``'flagos sim device'``).
 
     ``num_devices``: number of sim devices (``sim:0`` ...). ``native_ops``: the overloads the
     devices run natively, fully qualified as :func:`parse_native_ops` and
@@ -49,13 +52,14 @@ def install(num_devices: int = 1, native_ops: Iterable[str] | None = None,
     (:data:`RUNTIME_PRIMITIVES`) are always added. ``memory_limit``: bytes
     each device may reserve (None: the nominal 16 GiB); :func:`set_memory_limit` changes it later.
 
-    A repeated call returns the module when ``num_devices`` and the native set equal the
-    installed ones and ``memory_limit`` equals the limit in force; otherwise it raises
-    :class:`~flagos_torchfl.errors.ConfigError` (the first two cannot change in a process).
+    A repeated call returns the module when ``num_devices``, the native set and the device type
+    equal the installed ones and ``memory_limit`` equals the limit in force; otherwise it raises
+    :class:`~flagos_torchfl.errors.ConfigError` (the first three cannot change in a process).
     Raises :class:`~flagos_torchfl.errors.PrivateUse1ClaimedError` when another backend
     (e.g. torch_npu) holds PrivateUse1, and
     :class:`~flagos_torchfl.errors.BackendUnavailableError` when the installed PyTorch lacks
-    what a Python PrivateUse1 backend needs.
+    what a Python PrivateUse1 backend needs or PrivateUse1 cannot take the name ``device_type``
+    (:func:`~flagos_torchfl.sim.registration.rename_problem` says why).
     """
     global _installed
     num_devices = _check_device_count(num_devices, "num_devices")
@@ -63,12 +67,12 @@ def install(num_devices: int = 1, native_ops: Iterable[str] | None = None,
     native = _native_set(native_ops)
     with _lock:
         if _installed is not None:
-            _check_same(num_devices, native, memory_limit)
-            return torch.sim
-        module = registration.claim(num_devices, memory_limit, native)
-        _installed = (num_devices, native)
-    logger.info("sim: installed %d device(s) on PrivateUse1 with %d native operator overloads",
-                num_devices, len(native))
+            _check_same(num_devices, native, memory_limit, device_type)
+            return getattr(torch, device_type)
+        module = registration.claim(num_devices, memory_limit, native, device_type, device_name)
+        _installed = (num_devices, native, device_type)
+    logger.info("sim: installed %d device(s) of type %r on PrivateUse1 with %d native operator "
+                "overloads", num_devices, device_type, len(native))
     return module
 
 
@@ -84,8 +88,13 @@ def _native_set(native_ops: Iterable[str] | None) -> frozenset[str]:
     return frozenset(names | runtime_primitive_names())
 
 
-def _check_same(num_devices: int, native: frozenset[str], memory_limit: int | None) -> None:
-    installed_devices, installed_native = _installed
+def _check_same(num_devices: int, native: frozenset[str], memory_limit: int | None,
+                device_type: str) -> None:
+    installed_devices, installed_native, installed_type = _installed
+    if device_type != installed_type:
+        raise ConfigError(
+            f"the sim is already installed as device type {installed_type!r}; it cannot be "
+            f"reinstalled as {device_type!r} in the same process")
     if num_devices != installed_devices:
         raise ConfigError(
             f"the sim is already installed with {installed_devices} device(s); it cannot be "

@@ -30,8 +30,7 @@ __all__ = [
     "StreamContext",
 ]
 
-DEVICE_NAME = "flagos sim device"
-#: the dispatch key whose kernels make ``torch.autocast("sim")`` cast
+#: the dispatch key whose kernels make ``torch.autocast("<sim device>")`` cast
 AUTOCAST_KEY = "AutocastPrivateUse1"
 
 _index = runtime.to_index
@@ -108,16 +107,16 @@ def synchronize(device: Any = None) -> None:
 
 
 def get_device_name(device: Any = None) -> str:
-    """``'flagos sim device'``."""
+    """The devices' name: ``'flagos sim device'`` unless installed with another."""
     _index(device)
-    return DEVICE_NAME
+    return runtime.DEVICE_NAME
 
 
 class _DeviceProperties:
     """What :func:`get_device_properties` reports about one sim device."""
 
     def __init__(self, index: int):
-        self.name = DEVICE_NAME
+        self.name = runtime.DEVICE_NAME
         self.type = runtime.DEVICE_TYPE
         self.index = index
         self.total_memory = runtime.allocator(index).capacity
@@ -184,13 +183,14 @@ def initial_seed() -> int:
     return runtime.generator(runtime.current_device()).initial_seed()
 
 
-def get_rng_state(device: Any = runtime.DEVICE_TYPE) -> torch.Tensor:
-    """The state of ``device``'s generator, as a CPU ByteTensor."""
+def get_rng_state(device: Any = None) -> torch.Tensor:
+    """The state of ``device``'s generator (None: the current device), as a CPU ByteTensor."""
     return runtime.generator(_index(device)).get_state()
 
 
-def set_rng_state(new_state: torch.Tensor, device: Any = runtime.DEVICE_TYPE) -> None:
-    """Restore ``device``'s generator from a state returned by :func:`get_rng_state`."""
+def set_rng_state(new_state: torch.Tensor, device: Any = None) -> None:
+    """Restore ``device``'s generator (None: the current device) from a state returned by
+    :func:`get_rng_state`."""
     runtime.generator(_index(device)).set_state(new_state.to("cpu", torch.uint8))
 
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import time
 from typing import Any, Callable, Iterable
 
 import torch
@@ -31,7 +32,6 @@ from . import runtime, tensors
 
 logger = logging.getLogger("flagos_torchfl.sim")
 
-_SIM = runtime.DEVICE_TYPE
 _CPU = torch.device("cpu")
 _EMPTY = torch.ops.aten.empty.memory_format
 _CONJ = torch.ops.aten._conj.default
@@ -45,6 +45,22 @@ _CPU_INDICES_OK = frozenset({
 """Overloads that, as on CUDA, accept CPU index tensors beside device tensors."""
 
 
+def _conv_backward_on_host(grad_output, input, weight, stride, padding, dilation, transposed,
+                           output_padding, groups, output_mask):
+    out_channels = weight.size(1) * groups if transposed else weight.size(0)
+    return torch.ops.aten.convolution_backward.default(
+        grad_output, input, weight, [out_channels], stride, padding, dilation, transposed,
+        output_padding, groups, output_mask)
+
+
+HOST_EQUIVALENTS: dict[str, Callable] = {
+    "aten::convolution_overrideable": torch.ops.aten.convolution.default,
+    "aten::convolution_backward_overrideable": _conv_backward_on_host,
+}
+"""PyTorch's stubs for out-of-tree devices (``*_overrideable``, whose CPU kernel only raises) that
+a device implements itself: the sim runs the CPU operator each stands for."""
+
+
 class _Signature:
     """What a generic kernel needs to know about one overload's schema, computed once."""
 
@@ -52,6 +68,8 @@ class _Signature:
         schema = op._schema
         self.op = op
         self.name = op.name()
+        #: what runs on the host views: the overload itself, or what a stub stands for
+        self.host = HOST_EQUIVALENTS.get(self.name, op)
         args = schema.arguments
         self.position = {a.name: i for i, a in enumerate(args)}
         self.kwarg_only = frozenset(a.name for a in args if a.kwarg_only)
@@ -96,7 +114,7 @@ def _with_bits_of(t: torch.Tensor, view: torch.Tensor) -> torch.Tensor:
 
 def _on_host(t: torch.Tensor) -> torch.Tensor:
     """A CPU tensor that reads and writes what ``t`` holds: ``t`` itself if it is on the CPU."""
-    if t.device.type != _SIM:
+    if t.device.type != runtime.DEVICE_TYPE:
         return t
     return _with_bits_of(t, tensors.host_view(t))
 
@@ -117,7 +135,7 @@ class _Call:
     # -- into the CPU call ------------------------------------------------------------------
     def host(self, x: Any) -> Any:
         if isinstance(x, torch.Tensor):
-            if x.device.type == _SIM:
+            if x.device.type == runtime.DEVICE_TYPE:
                 return self.view_of(x)
             if x.dim() != 0 and self.foreign is None:
                 self.foreign = x
@@ -125,7 +143,7 @@ class _Call:
         if isinstance(x, (list, tuple)):
             return type(x)(self.host(e) for e in x)
         if isinstance(x, torch.device):
-            if x.type == _SIM:
+            if x.type == runtime.DEVICE_TYPE:
                 self.target = runtime.to_index(x)
                 return _CPU
             self.keep_cpu = True
@@ -154,12 +172,13 @@ class _Call:
         if len(self.indices) > 1:
             raise RuntimeError(
                 "Expected all tensors to be on the same device, but found at least two devices, "
-                f"{_SIM}:{self.indices[0]} and {_SIM}:{self.indices[1]}! (in {self.name})"
+                f"{runtime.device_name(self.indices[0])} and {runtime.device_name(self.indices[1])}! "
+                f"(in {self.name})"
             )
         if self.indices and self.foreign is not None and not allow_cpu:
             raise RuntimeError(
                 "Expected all tensors to be on the same device, but found at least two devices, "
-                f"{_SIM}:{self.indices[0]} and {self.foreign.device}! (in {self.name})"
+                f"{runtime.device_name(self.indices[0])} and {self.foreign.device}! (in {self.name})"
             )
 
     def output_index(self) -> int:
@@ -242,7 +261,7 @@ def _generic_kernel(op: torch._ops.OpOverload) -> Callable:
 
 def _run(sig: _Signature, call: _Call, cargs: list, ckwargs: dict) -> Any:
     try:
-        return sig.op(*cargs, **ckwargs)
+        return sig.host(*cargs, **ckwargs)
     except RuntimeError as e:
         if not sig.outs or "not resizable" not in str(e):
             raise
@@ -250,7 +269,7 @@ def _run(sig: _Signature, call: _Call, cargs: list, ckwargs: dict) -> Any:
     for name in sig.outs:
         value = sig.get(cargs, ckwargs, name)
         sig.put(cargs, ckwargs, name, _fresh_like(value))
-    return sig.op(*cargs, **ckwargs)
+    return sig.host(*cargs, **ckwargs)
 
 
 def _fresh_like(value: Any) -> Any:
@@ -278,7 +297,7 @@ def _finish(sig: _Signature, call: _Call, args: tuple, kwargs: dict, cargs: list
 
 def _sync_written(call: _Call, original: Any, passed: Any) -> None:
     if isinstance(original, torch.Tensor):
-        if original.device.type == _SIM:
+        if original.device.type == runtime.DEVICE_TYPE:
             call.adopt(original, passed)
     elif isinstance(original, (list, tuple)):
         for o, p in zip(original, passed):
@@ -317,7 +336,7 @@ def _empty_strided(size, stride, dtype=None, layout=None, device=None, pin_memor
 
 def _copy_(self, src, non_blocking=False):
     for t, role in ((self, "to"), (src, "from")):
-        if t.device.type not in (_SIM, "cpu"):
+        if t.device.type not in (runtime.DEVICE_TYPE, "cpu"):
             raise RuntimeError(f"sim cannot copy {role} {t.device}")
     _on_host(self).copy_(_on_host(src))
     return self
@@ -329,7 +348,7 @@ def _copy_from(self, dst, non_blocking=False):
 
 def _copy_from_and_resize(self, dst):
     if tuple(dst.size()) != tuple(self.size()):
-        if dst.device.type == _SIM:
+        if dst.device.type == runtime.DEVICE_TYPE:
             _resize_(dst, self.size())
         else:
             dst.resize_(self.size())
@@ -425,13 +444,38 @@ def kernel_for(name: str) -> Callable:
     return _generic_kernel(getattr(getattr(torch.ops.aten, packet), overload or "default"))
 
 
+_observer: Callable[[str, int], None] | None = None
+
+
+def set_observer(observer: Callable[[str, int], None] | None) -> None:
+    """Call ``observer(overload name, nanoseconds)`` after every native kernel call from now on
+    (None: stop). One observer at a time; it runs on the calling thread."""
+    global _observer
+    _observer = observer
+
+
+def _observed(name: str, kernel: Callable) -> Callable:
+    def run(*args, **kwargs):
+        observer = _observer
+        if observer is None:
+            return kernel(*args, **kwargs)
+        start = time.perf_counter_ns()
+        try:
+            return kernel(*args, **kwargs)
+        finally:
+            observer(name, time.perf_counter_ns() - start)
+
+    run.__name__ = run.__qualname__ = getattr(kernel, "__name__", "sim_kernel")
+    return run
+
+
 def register(library: torch.library.Library, names: Iterable[str]) -> list[str]:
     """Register the sim kernel of every overload in ``names`` on PrivateUse1 through
     ``library`` (an ``aten`` IMPL library kept alive by the caller); returns the names
-    registered, sorted."""
+    registered, sorted. Each kernel reports to the observer of :func:`set_observer`."""
     done = []
     for name in sorted(names):
-        library.impl(name[len("aten::"):], kernel_for(name), "PrivateUse1")
+        library.impl(name[len("aten::"):], _observed(name, kernel_for(name)), "PrivateUse1")
         done.append(name)
     logger.debug("sim: %d native kernels registered", len(done))
     return done

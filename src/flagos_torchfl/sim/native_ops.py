@@ -16,7 +16,7 @@ import torch
 
 from ..aten.dispatcher import has_computed_kernel, has_kernel, is_implicit, overload, overloads_by_packet
 from ..errors import ConfigError, closest
-from .kernels import SPECIAL_KERNELS
+from .kernels import HOST_EQUIVALENTS, SPECIAL_KERNELS
 
 logger = logging.getLogger("flagos_torchfl.sim")
 
@@ -62,8 +62,11 @@ beyond the Core ATen set; in the default set so that ``print(t)`` works on the s
 def can_run_natively(name: str) -> bool:
     """Whether overload ``name`` can get a sim kernel.
 
-    Either the sim implements it itself (allocation, copies, ``set_``, ``resize_``), or it must
-    have a CPU kernel (the sim runs it on host views) and be none of:
+    Either the sim implements it itself (allocation, copies, ``set_``, ``resize_``, and the
+    ``*_overrideable`` stubs of :data:`~.kernels.HOST_EQUIVALENTS`), or it must have a CPU kernel
+    (the sim runs it on host views) and be none of:
+
+    * another ``*_overrideable`` stub: its CPU kernel only raises;
 
     * CompositeImplicitAutograd: it decomposes into other operators on every backend, and a
       backend kernel for it would hide the decomposition from autograd (its gradient would be
@@ -73,8 +76,10 @@ def can_run_natively(name: str) -> bool:
       from the input's storage, and a Python kernel would hand back a tensor that already has a
       Python object, which ``nn.Parameter`` and ``Tensor.as_subclass`` refuse.
     """
-    if name in SPECIAL_KERNELS:
+    if name in SPECIAL_KERNELS or name in HOST_EQUIVALENTS:
         return True
+    if "_overrideable" in name:
+        return False
     if is_implicit(name):
         return False
     if has_kernel(name, "CompositeExplicitAutograd") and _is_view(name):

@@ -65,6 +65,29 @@ def _vendor_of(name: str) -> str | None:
     return f"torch_{name}" if f"torch_{name}" in sys.modules else None
 
 
+def rename_problem(device_type: str) -> str | None:
+    """Why the sim could not take the device type name ``device_type`` in this process (None when
+    it can): PyTorch's PrivateUse1 slot already has another name, the name is one of PyTorch's
+    own device types, or ``torch.<name>`` / ``Tensor.<name>`` already belong to something else."""
+    current = torch._C._get_privateuse1_backend_name()
+    if current == device_type:
+        return None
+    if current != _UNCLAIMED:
+        return f"PyTorch's PrivateUse1 device type is already named {current!r} in this process"
+    try:
+        torch.device(device_type)
+    except RuntimeError:
+        pass
+    else:
+        return f"{device_type!r} is one of PyTorch's own device types"
+    holder = getattr(torch, device_type, None)
+    if holder is not None and holder is not device_module:
+        return f"torch.{device_type} already exists ({getattr(holder, '__name__', type(holder).__name__)})"
+    if hasattr(torch.Tensor, device_type):
+        return f"torch.Tensor.{device_type} already exists"
+    return None
+
+
 def current_owner() -> str | None:
     """Who holds the PrivateUse1 slot, in words, or None if it is free or the sim's."""
     name = torch._C._get_privateuse1_backend_name()
@@ -83,10 +106,12 @@ def current_owner() -> str | None:
     return None
 
 
-def claim(num_devices: int, memory_limit: int | None,
-          native: Iterable[str]) -> types.ModuleType:
-    """Register the sim on PrivateUse1 as ``sim``; returns the device module (``torch.sim``).
-    Raises :class:`PrivateUse1ClaimedError` if another backend holds the slot."""
+def claim(num_devices: int, memory_limit: int | None, native: Iterable[str],
+          device_type: str = "sim", device_name: str | None = None) -> types.ModuleType:
+    """Register the sim on PrivateUse1 as device type ``device_type``; returns the device module
+    (``torch.<device_type>``). Raises :class:`PrivateUse1ClaimedError` if another backend holds
+    the slot, :class:`BackendUnavailableError` if the slot cannot take that name
+    (:func:`rename_problem`)."""
     missing = missing_torch_features()
     if missing:
         raise BackendUnavailableError(
@@ -100,6 +125,10 @@ def claim(num_devices: int, memory_limit: int | None,
             f"by {owner}. One process can host one PrivateUse1 backend; run the sim in a process "
             "that does not load that backend."
         )
+    problem = rename_problem(device_type)
+    if problem:
+        raise BackendUnavailableError(device_type, f"the sim cannot be device type {device_type!r}: {problem}")
+    runtime.set_device_type(device_type, device_name)
     runtime.start(num_devices, memory_limit)
     name = runtime.DEVICE_TYPE
     if torch._C._get_privateuse1_backend_name() != name:

@@ -12,6 +12,12 @@ DEFAULT_SEED = 67280421310721
 """Seed of every device generator until one is set (the value CUDA uses)."""
 
 DEVICE_TYPE = "sim"
+"""The device type the sim answers to: ``"sim"`` unless :func:`set_device_type` named it after a
+chip (``"npu"`` ...). PyTorch's PrivateUse1 slot has one name per process, so this is set once,
+before the sim claims the slot."""
+
+DEVICE_NAME = "flagos sim device"
+"""What ``get_device_name`` answers (a profile names the chip's part)."""
 
 _allocators: list[CachingAllocator] = []
 _generators: list["SimGenerator"] = []
@@ -47,8 +53,16 @@ def start(num_devices: int, memory_limit: int | None) -> None:
     _generators[:] = gens
 
 
+def set_device_type(name: str, device_name: str | None = None) -> None:
+    """Make ``name`` the sim's device type and ``device_name`` (None: unchanged) its devices'
+    name (called once, before the sim claims PrivateUse1)."""
+    global DEVICE_TYPE, DEVICE_NAME
+    DEVICE_TYPE = name
+    DEVICE_NAME = device_name or DEVICE_NAME
+
+
 def device_name(index: int) -> str:
-    """``'sim:<index>'``."""
+    """``'<device type>:<index>'``, e.g. ``'sim:0'``."""
     return f"{DEVICE_TYPE}:{index}"
 
 

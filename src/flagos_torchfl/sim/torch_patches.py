@@ -29,7 +29,6 @@ import torch.autograd.variable
 
 from . import runtime, tensors
 
-_SIM = runtime.DEVICE_TYPE
 _applied = False
 _keep_alive: list[object] = []
 
@@ -52,7 +51,7 @@ def apply(num_devices: int) -> None:
 def _sim_index(device: Any) -> int | None:
     if isinstance(device, (str, torch.device)):
         device = torch.device(device)
-        if device.type == _SIM:
+        if device.type == runtime.DEVICE_TYPE:
             return runtime.to_index(device)
     return None
 
@@ -116,7 +115,7 @@ def _patch_autograd_engine() -> None:
 # -- torch.accelerator -------------------------------------------------------------------------
 def _sim_is_accelerator() -> bool:
     acc = torch.accelerator.current_accelerator()
-    return acc is not None and acc.type == _SIM
+    return acc is not None and acc.type == runtime.DEVICE_TYPE
 
 
 def _synchronize(device: Any = None, /) -> None:
