@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 from types import MappingProxyType
-from typing import Any, FrozenSet, Mapping
+from typing import Any, FrozenSet, Mapping, Optional
 
 from .. import variables
 from ..errors import ConfigError, PrivateUse1ClaimedError
@@ -25,7 +25,8 @@ class SimBackend(Backend):
     aliases = ("simulated",)
     device_type = "sim"
     dispatch_key = "PrivateUse1"
-    collective = "gloo"
+    #: the process-group backend its collectives register under (``flagos_torchfl.sim.collectives``)
+    collective = "simccl"
     low_precision_dtype = "bfloat16"
     supports_float64 = True
     priority = -1
@@ -88,4 +89,27 @@ class SimBackend(Backend):
         if sim.is_installed():
             sim.set_memory_limit(limit)
         sim.install(num_devices=count, native_ops=selection.options["native_ops"], memory_limit=limit)
+        self.start_collectives()
         return None
+
+    def start_collectives(self) -> None:
+        """Register the installed sim's collectives under :attr:`collective` for the device
+        type the sim holds PrivateUse1 as (idempotent; nothing when torch has no distributed)."""
+        import torch
+
+        if not torch.distributed.is_available():
+            return
+        from ..sim import collectives
+
+        collectives.register(torch._C._get_privateuse1_backend_name(), self.collective)
+
+    def collective_staging(self) -> Optional[Mapping[str, int]]:
+        """The staged collectives' counters (``flagos_torchfl.sim.collectives.stats``), once
+        they are registered."""
+        import torch
+
+        if not torch.distributed.is_available():
+            return None
+        from ..sim import collectives
+
+        return collectives.stats() if collectives.registered()[0] is not None else None
