@@ -33,6 +33,9 @@ class SimBackend(Backend):
     auto_selectable = False
     devices_env = "FL_SIM_DEVICES"
     enforces_memory_limit = True
+    #: a Python PrivateUse1 backend cannot give torch a pinned-memory allocator (its C++ hooks
+    #: interface is fixed): ``pin_memory()`` is a no-op and DataLoader does not pin
+    pins_memory = False
 
     def probe(self, timeout=None, count_ops=True) -> ProbeResult:
         result = ProbeResult(backend=self.name, status="on-request")

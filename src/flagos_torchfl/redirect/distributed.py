@@ -46,10 +46,14 @@ def _device_id(target: Target, value: Any) -> Optional[torch.device]:
     return translated if isinstance(translated, torch.device) else value
 
 
-def _rebinding(target: Target, original, names) -> Any:
+def _rebinding(target: Target, original, names, fills_backend: bool) -> Any:
     def edit(values: dict) -> None:
         if values.get("backend") is not None:
             values["backend"] = translate_backend(target, values["backend"])
+        elif fills_backend and values.get("device_id") is not None:
+            # torch names the backend after the device_id's type: on the chip, its collective
+            # (also where the chip binds no device and the device_id is dropped below)
+            values["backend"] = target.collective
         if "device_id" in names and values.get("device_id") is not None:
             values["device_id"] = _device_id(target, values["device_id"])
 
@@ -67,7 +71,8 @@ def patch_process_group(target: Target, patcher: Patcher) -> None:
 
     for name, params in (("init_process_group", ("backend", "device_id")), ("new_group", ("backend", "device_id"))):
         original = getattr(c10d, name)
-        wrapper = _rebinding(target, original, params)
+        # init_process_group(device_id=...) without a backend: torch names it after the device
+        wrapper = _rebinding(target, original, params, fills_backend=name == "init_process_group")
         for owner in (c10d, dist):
             if getattr(owner, name, None) is original:
                 patcher.setattr(owner, name, wrapper)
