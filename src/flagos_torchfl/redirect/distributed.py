@@ -102,3 +102,25 @@ def patch_ddp(target: Target, patcher: Patcher) -> None:
             values["output_device"] = _device_index(target, values["output_device"])
 
     patcher.wrap_arguments(DistributedDataParallel, "__init__", edit)
+
+
+@patch_function("device_mesh", on_cuda=True)
+def patch_device_mesh(target: Target, patcher: Patcher) -> None:
+    """``init_device_mesh("cuda", ...)`` and ``DeviceMesh("cuda", ...)``: a mesh of the
+    backend's device type (FSDP2, DTensor and tensor parallelism take their device from it)."""
+    if not torch.distributed.is_available():
+        return
+    import importlib
+
+    from torch.distributed import device_mesh
+
+    def edit(values: dict) -> None:
+        values["device_type"] = target.translate_type(values["device_type"])
+
+    original = device_mesh.init_device_mesh
+    wrapper = with_edited_arguments(original, edit)
+    for name in ("torch.distributed.device_mesh", "torch.distributed", "torch.distributed.tensor"):
+        owner = importlib.import_module(name)
+        if getattr(owner, "init_device_mesh", None) is original:
+            patcher.setattr(owner, "init_device_mesh", wrapper)
+    patcher.wrap_arguments(device_mesh.DeviceMesh, "__init__", edit)
