@@ -124,3 +124,40 @@ def patch_device_mesh(target: Target, patcher: Patcher) -> None:
         if getattr(owner, "init_device_mesh", None) is original:
             patcher.setattr(owner, "init_device_mesh", wrapper)
     patcher.wrap_arguments(device_mesh.DeviceMesh, "__init__", edit)
+
+
+@patch_function("fsdp_device_id", on_cuda=True)
+def patch_fsdp_device_id(target: Target, patcher: Patcher) -> None:
+    """FSDP1 ``FullyShardedDataParallel(module, device_id=N | "cuda:N" | torch.device("cuda", N))``:
+    the backend's device (``cpu`` on the CPU backend, which FSDP1 takes with gloo). On a
+    PrivateUse1 backend, FSDP1's move of the module's parameters and buffers to that device
+    swaps their contents (``torch.utils.swap_tensors``, as ``Module._apply`` does there): a
+    PrivateUse1 tensor cannot take over a CPU tensor's ``.data``."""
+    if not torch.distributed.is_available():
+        return
+    from torch.distributed.fsdp import FullyShardedDataParallel, _init_utils
+
+    def edit(values: dict) -> None:
+        if values.get("device_id") is not None:
+            values["device_id"] = target.translate(values["device_id"])
+
+    patcher.wrap_arguments(FullyShardedDataParallel, "__init__", edit)
+    if target.chip.dispatch_key == "PrivateUse1":
+        patcher.wrap(_init_utils, "_move_states_to_device", _swapping_move)
+
+
+def _swapping_move(original):
+    def _move_states_to_device(params, buffers, device_from_device_id):
+        if device_from_device_id is not None:
+            with torch.no_grad():
+                for param in params:
+                    grad, param.grad = param.grad, None
+                    moved = torch.nn.Parameter(param.to(device_from_device_id), param.requires_grad)
+                    torch.utils.swap_tensors(param, moved)
+                    if grad is not None:
+                        param.grad = grad.to(device_from_device_id)
+                for buffer in buffers:
+                    torch.utils.swap_tensors(buffer, buffer.to(device_from_device_id))
+        return original(params, buffers, None)
+
+    return _move_states_to_device

@@ -1,5 +1,5 @@
 """Checkpoints: ``torch.load(map_location=...)`` with ``"cuda"``, ``"cuda:N"``, a
-``torch.device``, or a dict whose values name CUDA devices; and checkpoints whose storages were
+``torch.device``, or a dict whose keys and values name CUDA devices; and checkpoints whose storages were
 saved on ``cuda`` (their location tags are ``"cuda:N"``) loaded with no ``map_location`` on a
 machine without CUDA. Both land on the target device. A callable ``map_location`` is called as
 given; when it returns None the storage's own location is translated.
@@ -36,8 +36,13 @@ def patch_load_locations(target: Target, patcher: Patcher) -> None:
         if map_location is None:
             return lambda storage, location: restore(storage, _location(target, location))
         if isinstance(map_location, dict):
+            # keys name devices as the script knows them ("cuda:0"); a checkpoint written on
+            # this backend carries the backend's own tags ("npu:0"): both are looked up
+            table = {_location(target, key): value for key, value in map_location.items()}
+            table.update(map_location)
+
             def by_table(storage, location):
-                return restore(storage, _location(target, map_location.get(location, location)))
+                return restore(storage, _location(target, table.get(location, location)))
 
             return by_table
         if isinstance(map_location, (str, bytes, torch.device)):
