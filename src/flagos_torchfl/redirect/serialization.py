@@ -1,7 +1,8 @@
 """Checkpoints: ``torch.load(map_location=...)`` with ``"cuda"``, ``"cuda:N"``, a
 ``torch.device``, or a dict whose keys and values name CUDA devices; and checkpoints whose storages were
 saved on ``cuda`` (their location tags are ``"cuda:N"``) loaded with no ``map_location`` on a
-machine without CUDA. Both land on the target device. A callable ``map_location`` is called as
+machine without CUDA, or on another chip (``"npu:0"``) whose runtime is not here. All land on
+the target device. A callable ``map_location`` is called as
 given; when it returns None the storage's own location is translated.
 """
 from __future__ import annotations
@@ -16,11 +17,35 @@ from .patches import Patcher, patch_function
 
 
 def _location(target: Target, location: Any) -> Any:
-    """A location tag or map_location value, translated to the target's location string."""
+    """A location tag or map_location value, translated to the target's location string: CUDA
+    tags, and tags of another chip this process has no runtime for (``"npu:0"`` written on an
+    Ascend machine), both as the logical device of that index."""
     translated = target.translate_named(location)
+    if translated is location and location.__class__ is str:
+        translated = _foreign(target, location)
     if isinstance(translated, torch.device):
         return str(translated)
     return translated
+
+
+def _foreign(target: Target, location: str) -> Any:
+    """``"TYPE:N"`` of a known chip whose device type torch cannot restore here, as
+    ``cuda:N``; anything else unchanged."""
+    device_type, _, index = location.partition(":")
+    if device_type == target.device_type or device_type not in _chip_device_types():
+        return location
+    module = getattr(torch, device_type, None)
+    if module is not None and getattr(module, "is_available", lambda: False)():
+        return location  # that chip's runtime is here: torch restores it itself
+    if not index:
+        return target.translate("cuda")
+    return target.translate(f"cuda:{index}") if index.isdigit() else location
+
+
+def _chip_device_types() -> frozenset:
+    from ..backends.registry import registry
+
+    return frozenset(b.device_type for b in registry().backends()) - {"cpu"}
 
 
 @patch_function("load_locations", on_cuda=True)
