@@ -12,7 +12,8 @@ Two patches:
 * ``available_device_type``: ``torch._utils._get_available_device_type()`` (DCP's file writer,
   ``DataParallel``) asks ``torch.cuda.is_available()`` first, which the facade answers True,
   and would then move the chip's tensors as if they were CUDA tensors. It answers the real
-  accelerator's type instead (None on the CPU backend, as on a machine without one).
+  accelerator's type instead; where there is none (the CPU backend) torch's own answer stands
+  (``"cuda"``: the facade, whose streams run inline on the host).
 * ``accelerator_hint``: where the backend presents no accelerator, a program that asked
   ``torch.accelerator`` for one (``device_count()``, ``is_available()``,
   ``current_accelerator()``) and was told there is none gets, when it ends, one line on stderr
@@ -51,7 +52,8 @@ def patch_available_device_type(target: Target, patcher: Patcher) -> None:
 
     @functools.wraps(original)
     def _get_available_device_type() -> Optional[str]:
-        return _real_accelerator_type()
+        found = _real_accelerator_type()
+        return found if found is not None else original()
 
     patcher.setattr(utils, "_get_available_device_type", _get_available_device_type)
     for name in ("torch.nn.parallel.data_parallel", "torch.distributed.checkpoint.filesystem"):
