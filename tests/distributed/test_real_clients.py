@@ -13,6 +13,7 @@ import concurrent.futures
 import importlib.util
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -49,10 +50,16 @@ def _port() -> int:
 
 
 def _run(argv, env=None) -> subprocess.CompletedProcess:
+    """Run ``argv``; past TIMEOUT its whole process group (launcher, agents, ranks) is killed."""
+    proc = subprocess.Popen(argv, env=_env(env), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, cwd=ROOT, start_new_session=True)
     try:
-        return subprocess.run(argv, env=_env(env), capture_output=True, text=True, timeout=TIMEOUT, cwd=ROOT)
-    except subprocess.TimeoutExpired as exc:
-        return subprocess.CompletedProcess(argv, -9, exc.stdout or "", f"timed out after {TIMEOUT} s")
+        out, err = proc.communicate(timeout=TIMEOUT)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        err += f"\n<killed after {TIMEOUT} s>"
+    return subprocess.CompletedProcess(argv, proc.returncode, out, err)
 
 
 def _launched(backend: str, argv, extra=None):
@@ -67,13 +74,14 @@ def _two_agents(script_args, out: Path):
             "torch.distributed.run", "--nnodes=2", "--nproc_per_node=1", "--rdzv_backend=c10d",
             f"--rdzv_endpoint={endpoint}", "--rdzv_id=two-agents", *script_args]
     procs = [subprocess.Popen(argv, env=_env({"FL_BACKEND": "sim"}), stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True, cwd=ROOT) for _ in range(2)]
+                              stderr=subprocess.STDOUT, text=True, cwd=ROOT, start_new_session=True)
+             for _ in range(2)]
     outputs, code = [], 0
     for p in procs:
         try:
             outputs.append(p.communicate(timeout=TIMEOUT)[0])
         except subprocess.TimeoutExpired:
-            p.kill()
+            os.killpg(p.pid, signal.SIGKILL)
             outputs.append(p.communicate()[0] + "\n<killed>")
         code = code or p.returncode
     return subprocess.CompletedProcess(argv, code, "\n".join(outputs), "")
