@@ -12,6 +12,7 @@ from typing import Any, Callable
 
 import torch
 
+from ..errors import DeviceOrdinalError
 from .devices import Target
 from .patches import Patcher, patch_function
 
@@ -63,7 +64,12 @@ def patch_load_locations(target: Target, patcher: Patcher) -> None:
         if isinstance(map_location, dict):
             # keys name devices as the script knows them ("cuda:0"); a checkpoint written on
             # this backend carries the backend's own tags ("npu:0"): both are looked up
-            table = {_location(target, key): value for key, value in map_location.items()}
+            table = {}
+            for key, value in map_location.items():
+                try:
+                    table[_location(target, key)] = value
+                except DeviceOrdinalError:
+                    pass  # a key naming a device this process lacks matches no storage here
             table.update(map_location)
 
             def by_table(storage, location):
