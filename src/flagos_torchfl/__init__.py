@@ -20,6 +20,7 @@ from .api import (  # noqa: E402
     init_backend, set_setting,
 )
 from .backends import get_backend, register_backend  # noqa: E402
+from .checkpoint import info as checkpoint_info, load, save  # noqa: E402
 from .errors import (  # noqa: E402
     ActivationError, AlreadyInitializedError, BackendUnavailableError, ConfigError, DeviceOrdinalError,
     FlagOSError,
@@ -34,7 +35,7 @@ __all__ = [
     "BackendUnavailableError", "ConfigError", "DeviceOrdinalError", "FlagOSError", "OperatorNotSupportedError",
     "PrivateUse1ClaimedError", "UnknownBackendError", "UnsupportedFeatureError",
     "memory_virtual_limit", "memory_pool_clear_interval", "enable_mixed_precision",
-    "routing_report", "load_routing_config",
+    "routing_report", "load_routing_config", "save", "load", "checkpoint_info",
     "memory_stats", "memory_summary", "memory_pool_defrag",
     "set_op_precision", "check_finite", "precision_check",
 ]

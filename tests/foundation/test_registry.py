@@ -17,7 +17,7 @@ EXPECTED = {
     "xpu": ("xpu", "XPU", "xccl"),
     "mps": ("mps", "MPS", "gloo"),
     "cpu": ("cpu", "CPU", "gloo"),
-    "sim": ("sim", "PrivateUse1", "gloo"),
+    "sim": ("sim", "PrivateUse1", "simccl"),
 }
 
 

@@ -68,8 +68,10 @@ def test_moving_a_module_keeps_tied_weights_tied(sim_backend):
     embedding = torch.nn.Embedding(10, 4)
     head = torch.nn.Linear(4, 10, bias=False)
     head.weight = embedding.weight
+    optimizer = torch.optim.SGD(embedding.parameters(), lr=0.1)  # built before the move
     model = torch.nn.ModuleDict({"embedding": embedding, "head": head}).cuda()
     assert model["head"].weight is model["embedding"].weight
+    assert optimizer.param_groups[0]["params"][0] is model["embedding"].weight  # the same object
     assert model["head"].weight.device.type == "sim"
     model.to("cpu")
     assert model["head"].weight is model["embedding"].weight

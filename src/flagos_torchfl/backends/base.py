@@ -304,6 +304,12 @@ class Backend:
         if wait is not None:
             wait(index)
 
+    def collective_staging(self) -> Optional[Mapping[str, int]]:
+        """What this chip's collectives copied through host memory since the process started:
+        ``{"collectives", "to_host_bytes", "to_device_bytes"}``; None where collectives run
+        on the device itself (the default)."""
+        return None
+
     # ----------------------------------------------------------------- use
     def activate(self, selection) -> Optional[Any]:
         """Prepare the runtime for ``selection``; return an undo callable or None. Warns once

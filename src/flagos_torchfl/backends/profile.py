@@ -29,7 +29,8 @@ from typing import Dict, FrozenSet, List, Mapping, Optional, Tuple
 from .. import variables
 from ..errors import ConfigError, suggestion
 from . import op_tables
-from .base import Backend, DeviceInfo, ProbeResult, translate_visible_devices
+from . import visible as _visible
+from .base import Backend, DeviceInfo, ProbeResult
 from .cpu import logical_device_count
 from .sim import SimBackend
 
@@ -140,10 +141,10 @@ class ProfileBackend(SimBackend):
         """Available on request, with the chip's part name and memory per device; the chip's
         visible-devices variable (or ``CUDA_VISIBLE_DEVICES``, copied to it as on the chip)
         chooses how many devices are visible."""
-        translate_visible_devices(self.visible_devices_env)
         result = ProbeResult(backend=self.name, status="on-request")
         try:
-            count = self.visible_devices()
+            with _visible.translated(self.visible_devices_env):
+                count = self.visible_devices()
             memory = variables.read("FL_SIM_DEVICE_MEMORY") or self.chip.profile_memory
         except ConfigError as exc:
             return ProbeResult(backend=self.name, status="unavailable", reason=str(exc))

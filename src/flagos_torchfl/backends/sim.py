@@ -26,7 +26,8 @@ class SimBackend(Backend):
     aliases = ("simulated",)
     device_type = "sim"
     dispatch_key = "PrivateUse1"
-    collective = "gloo"
+    #: the process-group backend its collectives register under (``flagos_torchfl.sim.collectives``)
+    collective = "simccl"
     low_precision_dtype = "bfloat16"
     supports_float64 = True
     priority = -1
@@ -132,6 +133,7 @@ class SimBackend(Backend):
         name = selection.probe.devices[0].name if selection.probe is not None else None
         sim.install(num_devices=count, native_ops=selection.options["native_ops"], memory_limit=limit,
                     device_type=self.device_type, device_name=name)
+        self.start_collectives()
         return None
 
     def update_settings(self, old, new) -> None:
@@ -141,3 +143,25 @@ class SimBackend(Backend):
 
         if old.memory_limit_bytes() != new.memory_limit_bytes():
             sim.set_memory_limit(new.memory_limit_bytes())
+
+    def start_collectives(self) -> None:
+        """Register the installed sim's collectives under :attr:`collective` for the device
+        type the sim holds PrivateUse1 as (idempotent; nothing when torch has no distributed)."""
+        import torch
+
+        if not torch.distributed.is_available():
+            return
+        from ..sim import collectives
+
+        collectives.register(torch._C._get_privateuse1_backend_name(), self.collective)
+
+    def collective_staging(self) -> Optional[Mapping[str, int]]:
+        """The staged collectives' counters (``flagos_torchfl.sim.collectives.stats``), once
+        they are registered."""
+        import torch
+
+        if not torch.distributed.is_available():
+            return None
+        from ..sim import collectives
+
+        return collectives.stats() if collectives.registered()[0] is not None else None

@@ -62,7 +62,6 @@ class Target:
         self.native = chip.device_type == "cuda"
         self.remaps = self.devices != tuple(range(len(self.devices)))
         self._tls = threading.local()
-        self.default_device = chip.torch_device(None)
         self._by_logical = tuple(chip.torch_device(i) for i in self.devices)
 
     @property
@@ -195,9 +194,10 @@ class Target:
         )
 
     def _unindexed(self) -> torch.device:
-        if self.remaps:
-            return self._by_logical[self.current]
-        return self.default_device
+        # "cuda" means the current device; it is named with its index, because a device type
+        # without one is resolved by the chip's C++ device guard, which a Python-registered
+        # PrivateUse1 backend (the sim) cannot make follow set_device.
+        return self._by_logical[self.current]
 
 
 @patch_function("device_context", on_cuda=True)

@@ -46,10 +46,14 @@ def _device_id(target: Target, value: Any) -> Optional[torch.device]:
     return translated if isinstance(translated, torch.device) else value
 
 
-def _rebinding(target: Target, original, names) -> Any:
+def _rebinding(target: Target, original, names, fills_backend: bool) -> Any:
     def edit(values: dict) -> None:
         if values.get("backend") is not None:
             values["backend"] = translate_backend(target, values["backend"])
+        elif fills_backend and values.get("device_id") is not None:
+            # torch names the backend after the device_id's type: on the chip, its collective
+            # (also where the chip binds no device and the device_id is dropped below)
+            values["backend"] = target.collective
         if "device_id" in names and values.get("device_id") is not None:
             values["device_id"] = _device_id(target, values["device_id"])
 
@@ -67,7 +71,8 @@ def patch_process_group(target: Target, patcher: Patcher) -> None:
 
     for name, params in (("init_process_group", ("backend", "device_id")), ("new_group", ("backend", "device_id"))):
         original = getattr(c10d, name)
-        wrapper = _rebinding(target, original, params)
+        # init_process_group(device_id=...) without a backend: torch names it after the device
+        wrapper = _rebinding(target, original, params, fills_backend=name == "init_process_group")
         for owner in (c10d, dist):
             if getattr(owner, name, None) is original:
                 patcher.setattr(owner, name, wrapper)
@@ -97,3 +102,62 @@ def patch_ddp(target: Target, patcher: Patcher) -> None:
             values["output_device"] = _device_index(target, values["output_device"])
 
     patcher.wrap_arguments(DistributedDataParallel, "__init__", edit)
+
+
+@patch_function("device_mesh", on_cuda=True)
+def patch_device_mesh(target: Target, patcher: Patcher) -> None:
+    """``init_device_mesh("cuda", ...)`` and ``DeviceMesh("cuda", ...)``: a mesh of the
+    backend's device type (FSDP2, DTensor and tensor parallelism take their device from it)."""
+    if not torch.distributed.is_available():
+        return
+    import importlib
+
+    from torch.distributed import device_mesh
+
+    def edit(values: dict) -> None:
+        values["device_type"] = target.translate_type(values["device_type"])
+
+    original = device_mesh.init_device_mesh
+    wrapper = with_edited_arguments(original, edit)
+    for name in ("torch.distributed.device_mesh", "torch.distributed", "torch.distributed.tensor"):
+        owner = importlib.import_module(name)
+        if getattr(owner, "init_device_mesh", None) is original:
+            patcher.setattr(owner, "init_device_mesh", wrapper)
+    patcher.wrap_arguments(device_mesh.DeviceMesh, "__init__", edit)
+
+
+@patch_function("fsdp_device_id", on_cuda=True)
+def patch_fsdp_device_id(target: Target, patcher: Patcher) -> None:
+    """FSDP1 ``FullyShardedDataParallel(module, device_id=N | "cuda:N" | torch.device("cuda", N))``:
+    the backend's device (``cpu`` on the CPU backend, which FSDP1 takes with gloo). On a
+    PrivateUse1 backend, FSDP1's move of the module's parameters and buffers to that device
+    swaps their contents (``torch.utils.swap_tensors``, as ``Module._apply`` does there): a
+    PrivateUse1 tensor cannot take over a CPU tensor's ``.data``."""
+    if not torch.distributed.is_available():
+        return
+    from torch.distributed.fsdp import FullyShardedDataParallel, _init_utils
+
+    def edit(values: dict) -> None:
+        if values.get("device_id") is not None:
+            values["device_id"] = target.translate(values["device_id"])
+
+    patcher.wrap_arguments(FullyShardedDataParallel, "__init__", edit)
+    if target.chip.dispatch_key == "PrivateUse1":
+        patcher.wrap(_init_utils, "_move_states_to_device", _swapping_move)
+
+
+def _swapping_move(original):
+    def _move_states_to_device(params, buffers, device_from_device_id):
+        if device_from_device_id is not None:
+            with torch.no_grad():
+                for param in params:
+                    grad, param.grad = param.grad, None
+                    moved = torch.nn.Parameter(param.to(device_from_device_id), param.requires_grad)
+                    torch.utils.swap_tensors(param, moved)
+                    if grad is not None:
+                        param.grad = grad.to(device_from_device_id)
+                for buffer in buffers:
+                    torch.utils.swap_tensors(buffer, buffer.to(device_from_device_id))
+        return original(params, buffers, None)
+
+    return _move_states_to_device

@@ -82,14 +82,18 @@ def patch_module_to(target: Target, patcher: Patcher) -> None:
 @patch_function("module_tied_parameters")
 def patch_module_tied_parameters(target: Target, patcher: Patcher) -> None:
     """On a PrivateUse1 backend (Ascend, Cambricon, Moore Threads, sim), ``Module.to``/``.cuda``
-    keep a parameter shared by several modules shared (tied embeddings and LM heads).
+    keep every parameter the same Python object: tied (shared) parameters stay tied, and an
+    optimizer built before the move (as the DDP tutorial builds it) still holds the model's
+    parameters.
 
     A PrivateUse1 tensor cannot take over a CPU parameter's ``.data`` (PyTorch counts only CPU,
-    CUDA, HIP, MPS, XPU and HPU tensors as shallow-copy compatible), so ``Module._apply``
-    replaces the parameter in each module separately and unties it; the wrapped ``_apply``
-    re-ties such parameters afterwards. Other backends are left alone."""
+    CUDA, HIP, MPS, XPU and HPU tensors as shallow-copy compatible), so ``Module._apply`` would
+    put a new Parameter in each module separately. The wrapped ``_apply`` runs with PyTorch's
+    ``swap_module_params_on_conversion`` on instead: each parameter swaps its contents with the
+    converted tensor (``torch.utils.swap_tensors``). Other backends are left alone."""
     if target.chip.dispatch_key != "PrivateUse1":
         return
+    future = torch.__future__
     local = threading.local()
 
     def make(original):
@@ -97,21 +101,14 @@ def patch_module_tied_parameters(target: Target, patcher: Patcher) -> None:
         def _apply(self, fn, recurse=True):
             if getattr(local, "inside", False):
                 return original(self, fn, recurse)
-            owners = {}
-            for module in self.modules():
-                for key, param in module._parameters.items():
-                    if param is not None:
-                        owners.setdefault(id(param), []).append((module, key))
+            before = future.get_swap_module_params_on_conversion()
             local.inside = True
+            future.set_swap_module_params_on_conversion(True)
             try:
-                result = original(self, fn, recurse)
+                return original(self, fn, recurse)
             finally:
+                future.set_swap_module_params_on_conversion(before)
                 local.inside = False
-            for shared in owners.values():
-                first = shared[0][0]._parameters[shared[0][1]]
-                for module, key in shared[1:]:
-                    module._parameters[key] = first
-            return result
 
         return _apply
 

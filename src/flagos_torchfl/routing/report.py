@@ -1,4 +1,5 @@
-"""What routing did: per operator, its route, calls, total time and host bytes copied.
+"""What routing did: per operator, its route, calls, total time and host bytes copied; and the
+host bytes a chip's collectives staged (the sim's, whose collectives run gloo on host copies).
 
 ``routing_report()`` returns the rows, most expensive first; ``render()`` formats them (the
 launcher's ``run --report`` prints it at exit). Times include everything the route ran, so an
@@ -97,14 +98,41 @@ class Stats:
             self.top.clear()
 
 
+#: the ``op`` of the row that counts collectives staged through host memory
+COLLECTIVES_ROW = "c10d collectives"
+
+
+def collectives_row(staging: Optional[Dict[str, int]]) -> Optional[dict]:
+    """The report row of the collectives a chip staged through host memory (route
+    ``host-staging``, no time measured), or None when it staged none."""
+    if not staging or not staging.get("collectives"):
+        return None
+    calls = staging["collectives"]
+    moved = staging["to_host_bytes"] + staging["to_device_bytes"]
+    return {
+        "op": COLLECTIVES_ROW, "route": "host-staging",
+        "routes": {"host-staging": {"calls": calls, "ms": 0.0, "host_bytes": moved}},
+        "calls": calls, "total_ms": 0.0, "host_bytes": moved, "dtypes": [],
+        "categories": ["collective"], "composite_misses": 0,
+        "to_host_bytes": staging["to_host_bytes"], "to_device_bytes": staging["to_device_bytes"],
+    }
+
+
 def routing_report() -> List[dict]:
     """Per routed operator: route, calls, total time (ms), host bytes copied, dtypes seen and
-    semantic categories — most expensive first. Empty when routing is not active or nothing
-    was routed."""
+    semantic categories — most expensive first; then, on a chip whose collectives stage
+    through host memory, one row ``op == COLLECTIVES_ROW`` with the collectives staged and
+    the bytes they copied (also split into ``to_host_bytes`` / ``to_device_bytes``). Empty
+    when routing is not active or nothing was routed or staged."""
     from . import active_router
 
     router = active_router()
-    return router.stats.rows() if router is not None else []
+    if router is None:
+        return []
+    rows = router.stats.rows()
+    staging = router.policy.collective_staging
+    row = collectives_row(staging() if staging is not None else None)
+    return rows + [row] if row is not None else rows
 
 
 def render(rows: Optional[List[dict]] = None) -> str:
@@ -143,8 +171,13 @@ def _table(router, rows: Optional[List[dict]]) -> str:
         how = "backend fallback" if router.uses_fallback else "per-operator kernels"
         head += (f" for {policy.backend} ({policy.dispatch_key}, {len(policy.native)} native operators, "
                  f"{how}, {len(router.registered)} per-operator kernels)")
+    staged = [r for r in rows if r["op"] == COLLECTIVES_ROW]
+    rows = [r for r in rows if r["op"] != COLLECTIVES_ROW]
+    tail = [f"collectives staged through host memory: {r['calls']} calls, "
+            f"{format_bytes(r['to_host_bytes'])} to host, {format_bytes(r['to_device_bytes'])} back"
+            for r in staged]
     if not rows:
-        return head + ": every operator ran natively"
+        return "\n".join([head + ": every operator ran natively"] + tail)
     table = [("OPERATOR", "ROUTE", "CALLS", "TOTAL MS", "HOST BYTES", "DTYPES")]
     for r in rows:
         table.append((r["op"], r["route"], str(r["calls"]), f"{r['total_ms']:.2f}",
@@ -163,4 +196,4 @@ def _table(router, rows: Optional[List[dict]]) -> str:
     summary = "; ".join(f"{route}: {int(c)} calls, {ms:.1f} ms, {format_bytes(int(b)) if b else '0 B'} copied"
                         for route, (c, ms, b) in sorted(totals.items()))
     lines.append(f"total by route: {summary}")
-    return "\n".join(lines)
+    return "\n".join(lines + tail)

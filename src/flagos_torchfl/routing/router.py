@@ -12,7 +12,7 @@ import dataclasses
 import threading
 import time
 import warnings
-from typing import Any, Callable, Dict, FrozenSet, List, Optional, Tuple
+from typing import Any, Callable, Dict, FrozenSet, List, Mapping, Optional, Tuple
 
 import torch
 
@@ -55,6 +55,8 @@ class Policy:
     overrides: Dict[str, Tuple[str, str, str]] = dataclasses.field(default_factory=dict)
     #: overload -> [(provider name, ProviderKernel)], best first
     library: Dict[str, list] = dataclasses.field(default_factory=dict)
+    #: the chip's counters of collectives staged through host memory (Backend.collective_staging)
+    collective_staging: Optional[Callable[[], Optional[Mapping[str, int]]]] = None
 
 
 class Router:

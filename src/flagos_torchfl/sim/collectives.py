@@ -28,8 +28,8 @@ for the device: "No backend type associated with device type". Putting the stagi
 operators' PrivateUse1 kernels covers every caller and leaves the group an ordinary
 ``ProcessGroup`` with ordinary backends.
 
-Work handles: each kernel returns a work made with ``_create_work_from_future`` from a future
-chained on the gloo work's future; it completes after the copy back, so ``wait()``,
+Work handles: each kernel returns a work whose future a helper thread completes once gloo's
+work has and the results are copied back, so ``wait()``,
 ``is_completed()`` and ``get_future()`` behave as on a device backend, and the future's value is
 the gloo future's value with every host buffer replaced by the sim tensor it was staged for
 (``[tensor]`` for an all-reduce: what DDP comm hooks expect). Point-to-point works have no
@@ -293,37 +293,37 @@ class _Staging:
         """A work that completes when every gloo work in ``works`` has and the results are
         copied back. Its future's value is the (last) gloo future's value in sim tensors; for
         gloo works without a future (point-to-point, list reduce-scatter) it is the list of
-        sim outputs, and a helper thread waits on gloo."""
+        sim outputs.
+
+        A helper thread waits on gloo and copies back. No Python callback is chained on gloo's
+        futures: gloo completes them on its worker thread, which would then need the GIL, and a
+        process group destroyed while the GIL is held (a DDP reducer freed at exit) joins that
+        thread: a deadlock."""
         try:
             futures = [w.get_future() for w in works]
         except RuntimeError:  # "Work::getFuture not implemented"
-            return _StagedWork(self._future_from_thread(works))
-        source = futures[0] if len(futures) == 1 else torch.futures.collect_all(futures)
-
-        def done(fut: torch.futures.Future) -> Any:
-            value = fut.value()
-            if len(futures) > 1:
-                value = value[-1].value()
-            self.finish()
-            return self.as_device(value)
-
-        return _StagedWork(source.then(done))
-
-    def _future_from_thread(self, works: Sequence[Any]) -> torch.futures.Future:
+            futures = None
         future: torch.futures.Future = torch.futures.Future()
 
         def wait() -> None:
             try:
-                for work in works:
-                    work.wait()
+                if futures is None:
+                    for work in works:
+                        work.wait()
+                    value = [t for t, _ in self.back]
+                else:
+                    for gloo_future in futures:
+                        gloo_future.wait()  # releases the GIL while it waits
+                    value = futures[-1].value()
                 self.finish()
+                value = self.as_device(value)
             except BaseException as exc:  # handed to whoever waits on the work
                 future.set_exception(exc)
                 return
-            future.set_result([t for t, _ in self.back])
+            future.set_result(value)
 
         threading.Thread(target=wait, name="sim-collective-wait", daemon=True).start()
-        return future
+        return _StagedWork(future)
 
 
 class _StagedWork(torch._C._distributed_c10d.Work if torch.distributed.is_available() else object):
