@@ -199,16 +199,11 @@ CASES = [("ddp_snapshot", "ddp"), ("fsdp2_dcp", "fsdp2_dcp"), ("tensor_parallel"
          ("fsdp1_device_id", "fsdp1_device_id"), ("mp_spawn_ddp", "mp_spawn_ddp"),
          pytest.param("accelerate_torchrun", "accelerate_torchrun", id="accelerate_torchrun",
                       marks=pytest.mark.skipif(not HAS_ACCELERATE, reason=ACCELERATE_SKIP))]
-FSDP1_ON_SIM = pytest.mark.xfail(strict=True, reason=(
-    "FSDP1 aborts the process in backward on sim: its post-backward path records streams on "
-    "PrivateUse1 tensors, which a Python-registered backend cannot serve"))
 
 
 @pytest.mark.parametrize("backend", ["cpu", "sim"])
 @pytest.mark.parametrize("client, job", CASES)
-def test_client_trains_like_plain_gloo(runs, client, job, backend, request):
-    if client == "fsdp1_device_id" and backend == "sim":
-        request.applymarker(FSDP1_ON_SIM)
+def test_client_trains_like_plain_gloo(runs, client, job, backend):
     got = records(runs, f"{job}.{backend}", client)
     ref = records(runs, f"{job}.ref", client)
     assert_trained_like(got, ref, exact=backend == "cpu", what=f"{client} on {backend}")

@@ -13,6 +13,8 @@ a few hooks can be registered. Left alone, that makes PyTorch
   worker queue for one device only (an internal assertion, then a crash at exit);
 * answer ``torch.accelerator.synchronize``, ``current_device_index`` and the memory queries
   wrongly or with an internal assertion;
+* refuse ``Tensor.record_stream`` with the device's own (Python) streams, which FSDP1 calls from
+  its backward hooks, aborting the process;
 * raise its internal ``PrivateUse1HooksInterface`` errors for ``torch.Generator("sim")`` and for
   pinned host memory (``Tensor.pin_memory()``, ``DataLoader(pin_memory=True)``), whose
   allocator and generator hooks only C++ can register.
@@ -43,6 +45,7 @@ def apply(num_devices: int) -> None:
         _patch_autograd_engine()
     _patch_accelerator()
     _patch_generator()
+    _patch_record_stream()
     _keep_alive.append(_pinned_memory_kernels())
     _applied = True
 
@@ -231,3 +234,17 @@ def _pinned_memory_kernels() -> torch.library.Library:
     library.impl("_pin_memory", _pin_memory, "CPU")
     library.impl("is_pinned", is_pinned, "CPU")
     return library
+
+
+def _patch_record_stream() -> None:
+    """``Tensor.record_stream(stream)`` on a sim tensor does nothing: the sim runs all work
+    inline, so no other stream can still be using the tensor's memory when it is freed."""
+    original = torch.Tensor.record_stream
+
+    @functools.wraps(original)
+    def record_stream(self, stream):
+        if self.device.type == runtime.DEVICE_TYPE:
+            return None
+        return original(self, stream)
+
+    torch.Tensor.record_stream = record_stream
