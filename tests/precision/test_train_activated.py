@@ -12,36 +12,13 @@ import torch
 
 import flagos_torchfl as ft
 
+from tests.precision.dtypes import train_tiny_gpt2
+
 pytestmark = pytest.mark.isolated
 
 
 def train(steps: int = 20):
-    transformers = pytest.importorskip("transformers")
-    torch.manual_seed(0)
-    config = transformers.GPT2Config(vocab_size=64, n_positions=32, n_embd=32, n_layer=2, n_head=4,
-                                     resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
-    model = transformers.GPT2LMHeadModel(config).cuda()
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    ids = torch.randint(0, 64, (4, 16)).cuda()
-    dtypes = {}
-
-    def record(name):
-        def hook(module, args, out):
-            dtypes[name] = tuple(t.dtype for t in torch.utils._pytree.tree_leaves(out)
-                                 if isinstance(t, torch.Tensor) and t.is_floating_point())
-        return hook
-
-    handles = [m.register_forward_hook(record(name)) for name, m in model.named_modules()]
-    losses = []
-    for _ in range(steps):
-        loss = model(input_ids=ids, labels=ids).loss
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
-        while handles:
-            handles.pop().remove()
-    return losses, dtypes
+    return train_tiny_gpt2("cuda", steps)
 
 
 @pytest.fixture(scope="module")

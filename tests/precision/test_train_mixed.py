@@ -9,38 +9,13 @@ import math
 import pytest
 import torch
 
+from tests.precision.dtypes import train_tiny_gpt2
+
 pytestmark = pytest.mark.isolated
 
 
 def train(device: str, steps: int = 20):
-    transformers = pytest.importorskip("transformers")
-    torch.manual_seed(0)
-    config = transformers.GPT2Config(vocab_size=64, n_positions=32, n_embd=32, n_layer=2, n_head=4,
-                                     resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
-    model = transformers.GPT2LMHeadModel(config).to(device)
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    ids = torch.randint(0, 64, (4, 16)).to(device)
-    dtypes = {}
-
-    def record(name):
-        def hook(module, args, out):
-            dtypes[name] = tuple(t.dtype for t in torch.utils._pytree.tree_leaves(out)
-                                 if isinstance(t, torch.Tensor) and t.is_floating_point())
-        return hook
-
-    handles = [m.register_forward_hook(record(name)) for name, m in model.named_modules()]
-    losses = []
-    for _ in range(steps):
-        with torch.autocast(device, torch.bfloat16):
-            loss = model(input_ids=ids, labels=ids).loss
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
-        for h in handles:
-            h.remove()
-        handles = []
-    return losses, dtypes
+    return train_tiny_gpt2(device, steps, torch.bfloat16)
 
 
 @pytest.fixture(scope="module")

@@ -16,6 +16,7 @@ from typing import Any, Callable, Dict, Iterable
 import torch
 
 from ..backends.host import DeviceProperties, HostRuntime
+from ..backends.memory import real
 from ..errors import suggestion
 from .devices import Target
 from .standins import DENIED_PRIVATE, Namespace, alias_class, unserved
@@ -65,13 +66,7 @@ class CudaFacade:
     def _mod(self, name: str) -> Any:
         """The backend module's attribute ``name`` (None when it has none). On a CUDA backend
         this reads the real ``torch.cuda`` past the facade."""
-        module = self.t.module
-        try:
-            if isinstance(module, types.ModuleType):
-                return types.ModuleType.__getattribute__(module, name)
-            return getattr(module, name)
-        except AttributeError:
-            return None
+        return real(self.t.module, name)
 
     def _phys(self, device: Any = None) -> int:
         return self.t.physical(self.t.logical_index(device))
