@@ -63,3 +63,59 @@ def chip(name: str, device_type: str, low_precision_dtype: str = "bfloat16", col
     attributes = dict(name=name, device_type=device_type, dispatch_key="PrivateUse1",
                       low_precision_dtype=low_precision_dtype, collective=collective, **capabilities)
     return type(f"{name.title()}Backend", (Backend,), attributes)()
+
+
+MARK_VARIABLE = "TORCHFL_TEST_TREE"
+
+
+def kill_tree(mark: str) -> int:
+    """SIGKILL every process whose environment carries ``MARK_VARIABLE=mark`` (the whole tree a
+    :func:`run_tree` call started, ranks that torchrun put in sessions of their own included);
+    returns how many were killed."""
+    import signal
+
+    needle = f"{MARK_VARIABLE}={mark}".encode()
+    killed = 0
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as fh:
+                if needle not in fh.read().split(b"\0"):
+                    continue
+            os.kill(int(pid), signal.SIGKILL)
+            killed += 1
+        except (OSError, ProcessLookupError):
+            continue
+    return killed
+
+
+def run_tree(argv, env: Mapping[str, str], timeout: float, cwd=None,
+             merge_stderr: bool = False) -> subprocess.CompletedProcess:
+    """Run ``argv`` (a launcher, torchrun, accelerate...) with output in files, not pipes; past
+    ``timeout`` every process of its tree is killed, and so is any process of the tree still
+    alive when the command itself has ended (a rank stuck at exit). Never hangs."""
+    import tempfile
+    import uuid
+
+    mark = uuid.uuid4().hex
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        proc = subprocess.Popen(list(argv), env={**env, MARK_VARIABLE: mark}, stdout=out,
+                                stderr=out if merge_stderr else err, text=True, cwd=cwd or ROOT,
+                                start_new_session=True)
+        note = ""
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            kill_tree(mark)
+            proc.wait()
+            note = f"\n<killed after {timeout:g} s>"
+        leftover = kill_tree(mark)
+        if leftover:
+            note += f"\n<{leftover} process(es) of the run were still alive at its end and were killed>"
+        out.seek(0)
+        err.seek(0)
+        stdout, stderr = out.read(), err.read()
+    if merge_stderr:
+        stdout += note
+    else:
+        stderr += note
+    return subprocess.CompletedProcess(list(argv), proc.returncode, stdout, stderr)

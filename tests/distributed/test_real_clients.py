@@ -13,7 +13,6 @@ import concurrent.futures
 import importlib.util
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -21,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import ROOT, clean_env
+from tests.helpers import ROOT, clean_env, run_tree
 
 CLIENTS = Path(__file__).parent / "clients"
 TIMEOUT = 400
@@ -50,16 +49,8 @@ def _port() -> int:
 
 
 def _run(argv, env=None) -> subprocess.CompletedProcess:
-    """Run ``argv``; past TIMEOUT its whole process group (launcher, agents, ranks) is killed."""
-    proc = subprocess.Popen(argv, env=_env(env), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, cwd=ROOT, start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=TIMEOUT)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
-        err += f"\n<killed after {TIMEOUT} s>"
-    return subprocess.CompletedProcess(argv, proc.returncode, out, err)
+    """Run ``argv``; past TIMEOUT its whole tree (launcher, agents, ranks) is killed."""
+    return run_tree(argv, _env(env), TIMEOUT)
 
 
 def _launched(backend: str, argv, extra=None):
@@ -73,17 +64,11 @@ def _two_agents(script_args, out: Path):
     argv = [sys.executable, "-m", "flagos_torchfl", "run", "--", sys.executable, "-m",
             "torch.distributed.run", "--nnodes=2", "--nproc_per_node=1", "--rdzv_backend=c10d",
             f"--rdzv_endpoint={endpoint}", "--rdzv_id=two-agents", *script_args]
-    procs = [subprocess.Popen(argv, env=_env({"FL_BACKEND": "sim"}), stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True, cwd=ROOT, start_new_session=True)
-             for _ in range(2)]
-    outputs, code = [], 0
-    for p in procs:
-        try:
-            outputs.append(p.communicate(timeout=TIMEOUT)[0])
-        except subprocess.TimeoutExpired:
-            os.killpg(p.pid, signal.SIGKILL)
-            outputs.append(p.communicate()[0] + "\n<killed>")
-        code = code or p.returncode
+    with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
+        done = list(pool.map(lambda _: run_tree(argv, _env({"FL_BACKEND": "sim"}), TIMEOUT,
+                                                 merge_stderr=True), range(2)))
+    outputs = [p.stdout for p in done]
+    code = next((p.returncode for p in done if p.returncode), 0)
     return subprocess.CompletedProcess(argv, code, "\n".join(outputs), "")
 
 

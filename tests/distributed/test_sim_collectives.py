@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import datetime
-import os
 import socket
 import subprocess
 import sys

@@ -12,7 +12,7 @@ from typing import Mapping, Optional, Sequence
 
 import pytest
 
-from tests.helpers import ROOT, clean_env
+from tests.helpers import clean_env, run_tree
 
 CLIENTS = Path(__file__).resolve().parent / "clients"
 INSTALL_HINT = 'pip install -e ".[realclients]"'
@@ -48,15 +48,13 @@ def run_plain(args: Sequence[str], env: Optional[Mapping[str, str]] = None, time
               cwd=None, command: bool = False) -> subprocess.CompletedProcess:
     """``python ARGS`` (or the command ARGS) with no flagos_torchfl activation: the baseline."""
     argv = list(args) if command else [sys.executable, *args]
-    return subprocess.run(argv, env=_env(env), capture_output=True, text=True, timeout=timeout,
-                          cwd=cwd or ROOT)
+    return run_tree(argv, _env(env), timeout, cwd=cwd)
 
 
 def run_launched(args: Sequence[str], env: Optional[Mapping[str, str]] = None, timeout: float = 300,
                  cwd=None) -> subprocess.CompletedProcess:
     """``python -m flagos_torchfl run ARGS``."""
-    return subprocess.run([sys.executable, "-m", "flagos_torchfl", "run", *args], env=_env(env),
-                          capture_output=True, text=True, timeout=timeout, cwd=cwd or ROOT)
+    return run_tree([sys.executable, "-m", "flagos_torchfl", "run", *args], _env(env), timeout, cwd=cwd)
 
 
 def records(proc: subprocess.CompletedProcess, tag: str) -> list:

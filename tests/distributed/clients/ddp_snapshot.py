@@ -7,9 +7,11 @@ resumed from when the job is started again.
 ``--cpu`` is the reference run: plain gloo on CPU tensors. Each rank writes
 ``OUT_DIR/ddp_snapshot.rank<r>.json`` (losses per epoch, its parameters, its device).
 """
+import atexit
 import argparse
 import json
 import os
+import sys
 
 import torch
 import torch.nn.functional as F
@@ -120,3 +122,11 @@ if __name__ == "__main__":
     parser.add_argument("out")
     parser.add_argument("--cpu", action="store_true", help="plain gloo on CPU tensors")
     main(parser.parse_args())
+    # torch 2.13 with gloo: interpreter teardown can deadlock when a collective launched during
+    # backward is freed on gloo's thread (it needs the GIL for the autograd context torch keeps in
+    # thread-local state) while teardown frees the process group. The records are written: run the
+    # exit handlers (the launcher's report among them) and leave.
+    atexit._run_exitfuncs()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)

@@ -6,9 +6,11 @@ with ``map_location={"cuda:0": f"cuda:{rank}"}``.
 
 Each rank writes ``OUT_DIR/mp_spawn_ddp.rank<r>.json``.
 """
+import atexit
 import argparse
 import json
 import os
+import sys
 import socket
 
 import torch
@@ -54,6 +56,13 @@ def run(rank, world_size, args, port):
     with open(os.path.join(args.out, f"mp_spawn_ddp.rank{rank}.json"), "w") as f:
         json.dump(record, f)
     dist.destroy_process_group()
+    # torch 2.13 with gloo: interpreter teardown can deadlock when a collective launched during
+    # backward is freed on gloo's thread (it needs the GIL for the autograd context torch keeps in
+    # thread-local state) while teardown frees the process group. The record is written: run the
+    # exit handlers (the launcher's report among them) and leave.
+    atexit._run_exitfuncs()
+    sys.stdout.flush()
+    os._exit(0)
 
 
 def free_port():

@@ -11,6 +11,7 @@ Each scenario saves ``{"ok": True, "result": ..., "staged": ...}`` (CPU tensors)
 """
 from __future__ import annotations
 
+import atexit
 import datetime
 import os
 import sys
@@ -363,4 +364,13 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    # torch 2.13 with gloo: interpreter teardown can deadlock when a collective launched during
+    # backward is freed on gloo's thread (it needs the GIL for the autograd context torch keeps in
+    # thread-local state) while teardown frees the process group. The records are written: run the
+    # exit handlers (the launcher's report among them) and leave.
+    atexit._run_exitfuncs()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
