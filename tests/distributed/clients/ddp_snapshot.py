@@ -123,8 +123,9 @@ if __name__ == "__main__":
     parser.add_argument("--cpu", action="store_true", help="plain gloo on CPU tensors")
     main(parser.parse_args())
     # torch 2.13 with gloo: destroying the process group or tearing the interpreter down can
-    # deadlock when a collective launched during backward is freed on gloo's thread (it needs the GIL for the autograd context torch keeps in
-    # thread-local state) while teardown frees the process group. The records are written: run the
+    # deadlock when a collective launched during backward is freed on gloo's thread (it needs the
+    # GIL for the autograd context torch keeps in thread-local state) while teardown frees the
+    # process group. The records are written: run the
     # exit handlers (the launcher's report among them) and leave.
     atexit._run_exitfuncs()
     sys.stdout.flush()

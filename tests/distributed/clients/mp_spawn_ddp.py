@@ -56,8 +56,9 @@ def run(rank, world_size, args, port):
     with open(os.path.join(args.out, f"mp_spawn_ddp.rank{rank}.json"), "w") as f:
         json.dump(record, f)
     # torch 2.13 with gloo: destroying the process group or tearing the interpreter down can
-    # deadlock when a collective launched during backward is freed on gloo's thread (it needs the GIL for the autograd context torch keeps in
-    # thread-local state) while teardown frees the process group. The record is written: run the
+    # deadlock when a collective launched during backward is freed on gloo's thread (it needs the
+    # GIL for the autograd context torch keeps in thread-local state) while teardown frees the
+    # process group. The record is written: run the
     # exit handlers (the launcher's report among them) and leave.
     atexit._run_exitfuncs()
     sys.stdout.flush()
