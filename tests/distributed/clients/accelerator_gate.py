@@ -4,7 +4,6 @@ its mesh on the accelerator's device type.
 
     torchrun --nproc_per_node=2 accelerator_gate.py OUT_DIR
 """
-import atexit
 import json
 import os
 import sys
@@ -14,6 +13,7 @@ import torch.distributed as dist
 import torch.nn as nn
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
+from leave import leave  # the clients folder is sys.path[0]
 
 
 def main(out):
@@ -46,11 +46,4 @@ def main(out):
 
 if __name__ == "__main__":
     main(sys.argv[1])
-    # torch 2.13 with gloo: interpreter teardown can deadlock when a collective launched during
-    # backward is freed on gloo's thread (it needs the GIL for the autograd context torch keeps in
-    # thread-local state) while teardown frees the process group. The records are written: run the
-    # exit handlers (the launcher's report among them) and leave.
-    atexit._run_exitfuncs()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    leave()

@@ -6,16 +6,15 @@ to ``device_id=torch.cuda.current_device()``; the full parameters are gathered a
 ``--cpu``: the reference run (plain gloo, FSDP1 on CPU). Each rank writes
 ``OUT_DIR/fsdp1_device_id.rank<r>.json``.
 """
-import atexit
 import argparse
 import json
 import os
-import sys
 
 import torch
 import torch.distributed as dist
 import torch.nn as nn
 from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+from leave import leave  # the clients folder is sys.path[0]
 
 
 def main(args):
@@ -57,11 +56,4 @@ if __name__ == "__main__":
     parser.add_argument("out")
     parser.add_argument("--cpu", action="store_true")
     main(parser.parse_args())
-    # torch 2.13 with gloo: interpreter teardown can deadlock when a collective launched during
-    # backward is freed on gloo's thread (it needs the GIL for the autograd context torch keeps in
-    # thread-local state) while teardown frees the process group. The records are written: run the
-    # exit handlers (the launcher's report among them) and leave.
-    atexit._run_exitfuncs()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    leave()

@@ -7,11 +7,9 @@ continued from the loaded state.
 ``--cpu`` is the reference run (plain gloo, CPU tensors). Each rank writes
 ``OUT_DIR/fsdp2_dcp.rank<r>.json``.
 """
-import atexit
 import argparse
 import json
 import os
-import sys
 
 import torch
 import torch.distributed as dist
@@ -20,6 +18,7 @@ import torch.nn as nn
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
+from leave import leave  # the clients folder is sys.path[0]
 
 
 class Block(nn.Module):
@@ -105,11 +104,4 @@ if __name__ == "__main__":
     parser.add_argument("out")
     parser.add_argument("--cpu", action="store_true")
     main(parser.parse_args())
-    # torch 2.13 with gloo: interpreter teardown can deadlock when a collective launched during
-    # backward is freed on gloo's thread (it needs the GIL for the autograd context torch keeps in
-    # thread-local state) while teardown frees the process group. The records are written: run the
-    # exit handlers (the launcher's report among them) and leave.
-    atexit._run_exitfuncs()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    leave()

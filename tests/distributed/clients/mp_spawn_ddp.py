@@ -6,11 +6,9 @@ with ``map_location={"cuda:0": f"cuda:{rank}"}``.
 
 Each rank writes ``OUT_DIR/mp_spawn_ddp.rank<r>.json``.
 """
-import atexit
 import argparse
 import json
 import os
-import sys
 import socket
 
 import torch
@@ -18,6 +16,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel as DDP
+from leave import leave  # the clients folder is sys.path[0]
 
 
 def run(rank, world_size, args, port):
@@ -55,14 +54,7 @@ def run(rank, world_size, args, port):
               "loaded_devices": sorted({str(t.device) for t in state.values()})}
     with open(os.path.join(args.out, f"mp_spawn_ddp.rank{rank}.json"), "w") as f:
         json.dump(record, f)
-    # torch 2.13 with gloo: destroying the process group or tearing the interpreter down can
-    # deadlock when a collective launched during backward is freed on gloo's thread (it needs the
-    # GIL for the autograd context torch keeps in thread-local state) while teardown frees the
-    # process group. The record is written: run the
-    # exit handlers (the launcher's report among them) and leave.
-    atexit._run_exitfuncs()
-    sys.stdout.flush()
-    os._exit(0)
+    leave()
 
 
 def free_port():
