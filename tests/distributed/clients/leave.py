@@ -1,10 +1,14 @@
 """How the client scripts end once their records are written.
 
-torch 2.13 with gloo: destroying a process group, or tearing the interpreter down, can deadlock
-when a collective launched during backward is freed on gloo's thread (it needs the GIL for the
-autograd context torch keeps in thread-local state) while the main thread frees the group holding
-the GIL. The clients therefore run the exit handlers (the launcher's report among them) and leave
-without teardown. Each client imports this module from its own folder (``sys.path[0]``).
+torch 2.13 with gloo frees a finished collective on gloo's own thread. When that collective holds
+the last reference to a tensor Python has already let go of, freeing it needs the GIL; if the
+interpreter is tearing down at that moment, the thread is ended inside a C++ destructor and the
+process aborts ("terminate called without an active exception"), and destroying the process group
+while the main thread holds the GIL can deadlock the same way. Plain torch does it too, without this
+package (docs/design.md, "Exit races in torch's gloo"). The clients therefore run the exit handlers
+(the launcher's report among them) and leave without teardown. Clients in this folder import this
+module from their own folder (``sys.path[0]``); tests/realclients/clients/accelerate_ddp.py adds
+this folder to its path.
 """
 import atexit
 import os
