@@ -1,6 +1,7 @@
 """Collectives: ``init_process_group("nccl")`` and ``new_group(backend="nccl")`` use the
 backend's collective library, ``Backend.default_device_backend_map`` sends ``cuda`` there too,
-and ``DistributedDataParallel(device_ids=[N], output_device=N)`` addresses the backend's device.
+and ``DistributedDataParallel(device_ids=[N], output_device=N)`` and ``barrier(device_ids=[N])``
+address the backend's device.
 
 ``dist.get_backend()`` stays truthful: it names the library really in use (``gloo``, ``hccl``...).
 """
@@ -102,6 +103,34 @@ def patch_ddp(target: Target, patcher: Patcher) -> None:
             values["output_device"] = _device_index(target, values["output_device"])
 
     patcher.wrap_arguments(DistributedDataParallel, "__init__", edit)
+
+
+@patch_function("barrier", on_cuda=True)
+def patch_barrier(target: Target, patcher: Patcher) -> None:
+    """``dist.barrier(device_ids=[local_rank])``: physical indices of the backend (torch puts the
+    barrier's tensor on the accelerator device of the first id). An int that is the current
+    device's own physical index (what the truthful ``torch.accelerator.current_device_index()``
+    answers, as transformers passes it) is kept. Unchanged where the chip binds no device to a
+    process group."""
+    if not torch.distributed.is_available() or not target.chip.binds_process_group_device:
+        return
+    import torch.distributed as dist
+    import torch.distributed.distributed_c10d as c10d
+
+    def physical(value: Any) -> Any:
+        if value.__class__ is int and value == target.physical(target.current):
+            return value
+        return _device_index(target, value)
+
+    def edit(values: dict) -> None:
+        if isinstance(values.get("device_ids"), list):
+            values["device_ids"] = [physical(d) for d in values["device_ids"]]
+
+    original = c10d.barrier
+    wrapper = with_edited_arguments(original, edit)
+    for owner in (c10d, dist):
+        if getattr(owner, "barrier", None) is original:
+            patcher.setattr(owner, "barrier", wrapper)
 
 
 @patch_function("device_mesh", on_cuda=True)
