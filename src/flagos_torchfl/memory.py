@@ -170,7 +170,7 @@ def activate(selection) -> Optional[Callable[[], None]]:
                 undos.append(undo)
     if settings.memory_pool_clear_interval is not None:
         undos.append(clear_every(settings.memory_pool_clear_interval, chip.release_cached_memory))
-    if variables.read("FL_EXPANDABLE_SEGMENTS") and chip.allocator_conf_env is None:
+    if variables.read("FL_EXPANDABLE_SEGMENTS") and not chip.allocator_conf_env:
         log.warning("FL_EXPANDABLE_SEGMENTS=1 not applied on backend %s: it has no allocator "
                     "option for expandable segments that this package knows", chip.name)
     if not undos:
@@ -199,7 +199,7 @@ def oom_advice(selection, stats: MemoryStats) -> str:
                       f"or set memory_pool_clear_interval (now {interval})")
     if chip.allocator_conf_env and not variables.read("FL_EXPANDABLE_SEGMENTS"):
         advice.append(f"set FL_EXPANDABLE_SEGMENTS=1 (expandable_segments:True in "
-                      f"{chip.allocator_conf_env}) against fragmentation")
+                      f"{' or '.join(chip.allocator_conf_env)}) against fragmentation")
     if not settings.enable_mixed_precision:
         advice.append("enable_mixed_precision=True (activations in "
                       f"{chip.low_precision_dtype})")

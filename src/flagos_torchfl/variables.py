@@ -121,7 +121,7 @@ _DECLARED = (
              "devices to use (`run --devices N`): `cpu`/`sim` present N, other backends use their first N"),
     Variable("FL_EXPANDABLE_SEGMENTS", lambda text: config.parse_bool("FL_EXPANDABLE_SEGMENTS", text), False,
              "`1`: the chip's allocator grows segments instead of fragmenting (`expandable_segments:True` "
-             "in `PYTORCH_CUDA_ALLOC_CONF` on cuda/rocm, `PYTORCH_NPU_ALLOC_CONF` on ascend)"),
+             "in `PYTORCH_ALLOC_CONF`, else `PYTORCH_CUDA_ALLOC_CONF`, on cuda/rocm; `PYTORCH_NPU_ALLOC_CONF` on ascend)"),
     Variable("FL_CPU_DEVICES", _device_count("FL_CPU_DEVICES"), None,
              "logical devices the `cpu` backend presents (default `LOCAL_WORLD_SIZE`, else 1)"),
     Variable("FL_SIM_DEVICES", _device_count("FL_SIM_DEVICES"), None,

@@ -1,13 +1,15 @@
 """The memory and precision settings on the vendor backends (ascend, cambricon, mthreads) go
 through the vendor module's API: a fake plugin per vendor (written below; it claims PrivateUse1
 under the vendor's device type, has no kernels, and a device module with the vendors' memory
-functions that keeps a small pool) is activated in a child interpreter with every setting on."""
+functions that keeps a small pool) is activated in a child interpreter with every setting on.
+CUDA's allocator variables, which need no device to check, are here too."""
 from __future__ import annotations
 
 import json
 import textwrap
 
 import pytest
+import torch
 
 from tests.helpers import prepend_path, run_python
 
@@ -116,3 +118,31 @@ def test_settings_go_through_the_vendor_module(tmp_path, backend, module, device
     else:
         assert out["conf"] == {}
         assert f"FL_EXPANDABLE_SEGMENTS=1 not applied on backend {backend}" in proc.stderr
+
+
+@pytest.mark.parametrize("environ, expected", [
+    ({}, {"PYTORCH_ALLOC_CONF": "expandable_segments:True"}),
+    # a user's deprecated variable alone is what torch reads: the option joins it
+    ({"PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:128"},
+     {"PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:128,expandable_segments:True"}),
+    # with both set torch reads PYTORCH_ALLOC_CONF only
+    ({"PYTORCH_ALLOC_CONF": "garbage_collection_threshold:0.8", "PYTORCH_CUDA_ALLOC_CONF": "x:1"},
+     {"PYTORCH_ALLOC_CONF": "garbage_collection_threshold:0.8,expandable_segments:True",
+      "PYTORCH_CUDA_ALLOC_CONF": "x:1"}),
+    ({"PYTORCH_ALLOC_CONF": "expandable_segments:False"}, {"PYTORCH_ALLOC_CONF": "expandable_segments:False"}),
+])
+def test_expandable_segments_join_the_variable_torch_reads(environ, expected):
+    from flagos_torchfl.backends.cuda import CudaBackend
+    from flagos_torchfl.backends.memory import add_allocator_option
+    from flagos_torchfl.compat import parse_version
+
+    if parse_version(torch.__version__)[:2] < (2, 9):
+        pytest.skip("torch < 2.9 reads PYTORCH_CUDA_ALLOC_CONF only")
+    variables = CudaBackend().allocator_conf_env
+    assert variables == ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF")
+    env = {"FL_EXPANDABLE_SEGMENTS": "1", **environ}
+    changed = add_allocator_option(variables, env)
+    del env["FL_EXPANDABLE_SEGMENTS"]
+    assert env == expected
+    assert (changed is None) == (environ == expected)
+    assert add_allocator_option(variables, {"FL_EXPANDABLE_SEGMENTS": "0"}) is None

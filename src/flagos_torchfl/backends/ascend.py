@@ -18,7 +18,7 @@ class AscendBackend(Backend):
     priority = 90
     profiler_activity = "PrivateUse1"
     kernel_libraries = ("flaggems",)
-    allocator_conf_env = "PYTORCH_NPU_ALLOC_CONF"
+    allocator_conf_env = ("PYTORCH_NPU_ALLOC_CONF",)
     plugin_module = "torch_npu"
     query_tool = ("npu-smi", "info")
     driver_pattern = r"Version:\s*([\w.\-]+)"

@@ -98,9 +98,10 @@ class Backend:
     #: (semantic names, categories or ATen names; "*": every native operator), e.g.
     #: ``{"float64": ("matmul", "aten::cumsum")}``. Routing gives them a route for those dtypes.
     dtype_gaps: Mapping[str, Tuple[str, ...]] = MappingProxyType({})
-    #: the variable the chip's caching allocator reads its options from when its runtime starts
-    #: (``FL_EXPANDABLE_SEGMENTS=1`` adds ``expandable_segments:True`` to it); None: no such options
-    allocator_conf_env: Optional[str] = None
+    #: the variables the chip's caching allocator reads its options from when its runtime starts,
+    #: in the order it reads them (the first one set wins); ``FL_EXPANDABLE_SEGMENTS=1`` adds
+    #: ``expandable_segments:True`` to the one it reads. Empty: no such options
+    allocator_conf_env: Tuple[str, ...] = ()
     #: whether pinned host memory means anything here (False: ``pin_memory()`` is a no-op)
     pins_memory: bool = True
     #: whether factories can allocate pinned memory (``torch.empty(..., pin_memory=True)``);
@@ -186,9 +187,9 @@ class Backend:
 
     def load_runtime(self, timeout: float) -> Any:
         """Import the vendor plugin (if any) and return the torch device module."""
-        conf = _memory.add_allocator_option(self.allocator_conf_env)
-        if conf is not None:
-            log.info("FL_EXPANDABLE_SEGMENTS=1 applied as %s=%s", self.allocator_conf_env, conf)
+        applied = _memory.add_allocator_option(self.allocator_conf_env)
+        if applied is not None:
+            log.info("FL_EXPANDABLE_SEGMENTS=1 applied as %s=%s", *applied)
         if self.plugin_module:
             if not self.plugin_found():
                 raise Unavailable(f"{self.plugin_module} is not installed")

@@ -5,6 +5,7 @@ import os
 import shutil
 
 from .base import Backend, Unavailable
+from .memory import TORCH_ALLOCATOR_VARIABLES
 
 
 def nvidia_driver_present() -> bool:
@@ -23,7 +24,7 @@ class CudaBackend(Backend):
     priority = 100
     profiler_activity = "CUDA"
     kernel_libraries = ("flaggems",)
-    allocator_conf_env = "PYTORCH_CUDA_ALLOC_CONF"
+    allocator_conf_env = TORCH_ALLOCATOR_VARIABLES
     query_tool = ("nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader")
     driver_pattern = r"(?m)^\s*(\d+\.\d+(?:\.\d+)?)\s*$"
 

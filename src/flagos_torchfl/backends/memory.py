@@ -10,14 +10,21 @@ from __future__ import annotations
 import dataclasses
 import os
 import types
-from typing import Any, Callable, Mapping, MutableMapping, Optional
+from typing import Any, Callable, Mapping, MutableMapping, Optional, Sequence, Tuple
+
+import torch
 
 from .. import variables
+from ..compat import parse_version
 
 #: what ``PoolFigures.measures`` says for a caching allocator's own figures
 DEVICE_POOL = "device pool"
 #: the allocator option ``FL_EXPANDABLE_SEGMENTS=1`` adds to the chip's allocator variable
 EXPANDABLE = "expandable_segments:True"
+#: what torch's own caching allocator (CUDA, ROCm) reads, in order: torch >= 2.9 reads
+#: ``PYTORCH_ALLOC_CONF`` and falls back to the deprecated ``PYTORCH_CUDA_ALLOC_CONF``
+TORCH_ALLOCATOR_VARIABLES = (("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF")
+                             if parse_version(torch.__version__)[:2] >= (2, 9) else ("PYTORCH_CUDA_ALLOC_CONF",))
 
 
 class NotApplied(Exception):
@@ -97,16 +104,18 @@ def fraction_limit(module: Any, module_name: str, limits: Mapping[int, int],
     return undo
 
 
-def add_allocator_option(variable: Optional[str],
-                         environ: MutableMapping[str, str] = os.environ) -> Optional[str]:
-    """With ``FL_EXPANDABLE_SEGMENTS=1``, add :data:`EXPANDABLE` to the allocator variable
-    ``variable`` (e.g. ``PYTORCH_CUDA_ALLOC_CONF``) unless it already names
-    ``expandable_segments``; call before the runtime starts, since allocators read it once.
-    Returns the variable's new value when it was changed, else None."""
-    if variable is None or not variables.read("FL_EXPANDABLE_SEGMENTS", environ):
+def add_allocator_option(variables_read: Sequence[str],
+                         environ: MutableMapping[str, str] = os.environ) -> Optional[Tuple[str, str]]:
+    """With ``FL_EXPANDABLE_SEGMENTS=1``, add :data:`EXPANDABLE` to the allocator variable the
+    chip reads: the first of ``variables_read`` that is set (a user's own options stay the ones
+    read), else the first. Unchanged when it already names ``expandable_segments``. Call before
+    the runtime starts, since allocators read it once. Returns ``(variable, new value)`` when it
+    changed one, else None."""
+    if not variables_read or not variables.read("FL_EXPANDABLE_SEGMENTS", environ):
         return None
+    variable = next((name for name in variables_read if environ.get(name, "").strip()), variables_read[0])
     current = environ.get(variable, "").strip()
     if "expandable_segments" in current:
         return None
     environ[variable] = f"{current},{EXPANDABLE}" if current else EXPANDABLE
-    return environ[variable]
+    return variable, environ[variable]

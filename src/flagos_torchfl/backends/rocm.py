@@ -5,6 +5,7 @@ import os
 import shutil
 
 from .base import Backend, Unavailable
+from .memory import TORCH_ALLOCATOR_VARIABLES
 
 
 class RocmBackend(Backend):
@@ -19,7 +20,7 @@ class RocmBackend(Backend):
     priority = 95
     profiler_activity = "CUDA"
     kernel_libraries = ("flaggems",)
-    allocator_conf_env = "PYTORCH_CUDA_ALLOC_CONF"
+    allocator_conf_env = TORCH_ALLOCATOR_VARIABLES
     query_tool = ("rocm-smi", "--showdriverversion")
     driver_pattern = r"[Dd]river version:\s*([\w.\-]+)"
 
