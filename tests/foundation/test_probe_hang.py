@@ -2,7 +2,6 @@
 
 Its own process: the abandoned import keeps the module's import lock for good.
 """
-import sys
 import time
 
 import pytest

@@ -2,7 +2,6 @@
 load CUDA kernels, the profiler, autocast queries and custom_fwd, typos, more logical devices."""
 from __future__ import annotations
 
-import sys
 
 import pytest
 import torch
