@@ -146,3 +146,19 @@ def test_expandable_segments_join_the_variable_torch_reads(environ, expected):
     assert env == expected
     assert (changed is None) == (environ == expected)
     assert add_allocator_option(variables, {"FL_EXPANDABLE_SEGMENTS": "0"}) is None
+
+
+@pytest.mark.parametrize("started", [True, False])
+def test_expandable_segments_set_after_the_runtime_started_warn(tmp_path, started):
+    """A program that used the chip before activating: its allocator read its options already."""
+    plugin = PLUGIN.format(module="torch_npu", device="npu") + f"mod.is_initialized = lambda: {started}\n"
+    (tmp_path / "torch_npu.py").write_text(plugin)
+    script = ("import os, torch_npu, flagos_torchfl as ft\n"
+              "ft.init_backend('ascend')\n"
+              "print(os.environ['PYTORCH_NPU_ALLOC_CONF'])\n")
+    env = prepend_path({"FL_EXPANDABLE_SEGMENTS": "1"}, "PYTHONPATH", tmp_path)
+    proc = run_python(["-c", script], env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip().splitlines()[-1] == "expandable_segments:True"  # for children
+    assert ("FL_EXPANDABLE_SEGMENTS=1 comes too late for this process: the ascend allocator"
+            in proc.stderr) == started

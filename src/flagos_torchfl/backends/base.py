@@ -188,7 +188,12 @@ class Backend:
     def load_runtime(self, timeout: float) -> Any:
         """Import the vendor plugin (if any) and return the torch device module."""
         applied = _memory.add_allocator_option(self.allocator_conf_env)
-        if applied is not None:
+        if applied is not None and self.runtime_started():
+            log.warning("FL_EXPANDABLE_SEGMENTS=1 comes too late for this process: the %s allocator "
+                        "started before activation and read its options then (set %s=%s applies to "
+                        "child processes only); start the program with `python -m flagos_torchfl run` "
+                        "or activate before the device is first used", self.name, *applied)
+        elif applied is not None:
             log.info("FL_EXPANDABLE_SEGMENTS=1 applied as %s=%s", *applied)
         if self.plugin_module:
             if not self.plugin_found():
@@ -206,6 +211,15 @@ class Backend:
             source = self.plugin_module or "torch"
             raise Unavailable(f"{source} provides no torch.{self.device_type} module")
         return module
+
+    def runtime_started(self) -> bool:
+        """Whether this chip's runtime was already initialised in this process (its allocator has
+        read its options): the device module is loaded and its ``is_initialized()`` says so."""
+        import torch
+
+        module = getattr(torch, self.device_type, None)
+        started = getattr(module, "is_initialized", None)
+        return bool(callable(started) and started())
 
     def runtime_version(self, module: Any) -> Optional[str]:
         """The version of the plugin (or torch's runtime) driving this chip."""
