@@ -190,9 +190,9 @@ class Backend:
         applied = _memory.add_allocator_option(self.allocator_conf_env)
         if applied is not None and self.runtime_started():
             log.warning("FL_EXPANDABLE_SEGMENTS=1 comes too late for this process: the %s allocator "
-                        "started before activation and read its options then (set %s=%s applies to "
-                        "child processes only); start the program with `python -m flagos_torchfl run` "
-                        "or activate before the device is first used", self.name, *applied)
+                        "started before activation and read its options then; %s=%s now reaches child "
+                        "processes only. Start the program with `python -m flagos_torchfl run` or "
+                        "activate before the device is first used", self.name, *applied)
         elif applied is not None:
             log.info("FL_EXPANDABLE_SEGMENTS=1 applied as %s=%s", *applied)
         if self.plugin_module:
