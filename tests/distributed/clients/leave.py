@@ -7,8 +7,8 @@ process aborts ("terminate called without an active exception"), and destroying 
 while the main thread holds the GIL can deadlock the same way. Plain torch does it too, without this
 package (docs/design.md, "Exit races in torch's gloo"). The clients therefore run the exit handlers
 (the launcher's report among them) and leave without teardown. Clients in this folder import this
-module from their own folder (``sys.path[0]``); tests/realclients/clients/accelerate_ddp.py adds
-this folder to its path.
+module from their own folder (``sys.path[0]``); the accelerate and Lightning clients of
+tests/realclients add this folder to their path.
 """
 import atexit
 import os

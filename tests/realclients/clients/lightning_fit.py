@@ -3,12 +3,18 @@ strategy=...)`` for a few steps. Each process writes one JSON line with its rank
 device, the world size and the final weights' sum.
 
 Usage: lightning_fit.py ACCELERATOR DEVICES [STRATEGY]"""
+import atexit
 import json
 import os
 import sys
+from pathlib import Path
 
 import lightning as L
 import torch
+from lightning.fabric.utilities.distributed import _destroy_dist_connection
+
+sys.path.append(str(Path(__file__).resolve().parents[2] / "distributed" / "clients"))
+from leave import leave  # noqa: E402  (why: see leave.py)
 
 
 class Regression(L.LightningModule):
@@ -42,7 +48,19 @@ def main(accelerator, devices, strategy):
                        "device": str(trainer.strategy.root_device), "losses": model.losses,
                        "weight_sum": round(sum(p.detach().sum().item() for p in model.parameters()), 6)})
     os.write(1, (line + "\n").encode())
+    return trainer
+
+
+def end(trainer) -> None:
+    """Rank 0 started the other ranks (Lightning's subprocess launcher): wait for their records,
+    then leave without gloo teardown. Lightning registers ``destroy_process_group`` at exit when it
+    asked for "nccl", which it does for ``accelerator="gpu"``; with gloo underneath that teardown can
+    deadlock in torch 2.13 (see leave.py), so it is skipped like the interpreter's."""
+    for proc in getattr(trainer.strategy.launcher, "procs", None) or ():
+        proc.wait()
+    atexit.unregister(_destroy_dist_connection)
+    leave()
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], int(sys.argv[2]), sys.argv[3] if len(sys.argv) > 3 else "auto")
+    end(main(sys.argv[1], int(sys.argv[2]), sys.argv[3] if len(sys.argv) > 3 else "auto"))
