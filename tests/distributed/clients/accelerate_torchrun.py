@@ -7,14 +7,12 @@ model, optimizer and data loader, and ``accelerator.backward`` trains.
 ``OUT_DIR/accelerate_torchrun.rank<r>.json``.
 """
 import argparse
-import json
-import os
 
 import torch
 import torch.nn as nn
 from accelerate import Accelerator
 from torch.utils.data import DataLoader, TensorDataset
-from leave import leave  # the clients folder is sys.path[0]
+from leave import leave, write_record  # the clients folder is sys.path[0]
 
 
 def main(args):
@@ -40,8 +38,7 @@ def main(args):
               "params": [p.detach().cpu().flatten().tolist() for p in unwrapped.parameters()],
               "device": str(accelerator.device), "param_device": str(next(unwrapped.parameters()).device),
               "distributed_type": str(accelerator.distributed_type)}
-    with open(os.path.join(args.out, f"accelerate_torchrun.rank{rank}.json"), "w") as f:
-        json.dump(record, f)
+    write_record(args.out, "accelerate_torchrun", record)
     accelerator.end_training()
 
 

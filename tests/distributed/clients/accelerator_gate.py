@@ -4,7 +4,6 @@ its mesh on the accelerator's device type.
 
     torchrun --nproc_per_node=2 accelerator_gate.py OUT_DIR
 """
-import json
 import os
 import sys
 
@@ -13,7 +12,7 @@ import torch.distributed as dist
 import torch.nn as nn
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
-from leave import leave  # the clients folder is sys.path[0]
+from leave import leave, write_record  # the clients folder is sys.path[0]
 
 
 def main(out):
@@ -39,8 +38,7 @@ def main(out):
         losses.append(loss.item())
     record = {"rank": dist.get_rank(), "losses": losses, "device_type": device_type,
               "params": [p.full_tensor().detach().cpu().flatten().tolist() for p in model.parameters()]}
-    with open(os.path.join(out, f"accelerator_gate.rank{record['rank']}.json"), "w") as f:
-        json.dump(record, f)
+    write_record(out, "accelerator_gate", record)
     dist.destroy_process_group()
 
 

@@ -8,7 +8,6 @@ resumed from when the job is started again.
 ``OUT_DIR/ddp_snapshot.rank<r>.json`` (losses per epoch, its parameters, its device).
 """
 import argparse
-import json
 import os
 
 import torch
@@ -17,7 +16,7 @@ from torch.distributed import init_process_group
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, Dataset
 from torch.utils.data.distributed import DistributedSampler
-from leave import leave  # the clients folder is sys.path[0]
+from leave import leave, write_record  # the clients folder is sys.path[0]
 
 
 class MyTrainDataset(Dataset):
@@ -108,8 +107,7 @@ def main(args):
     params = [p.detach().cpu().flatten().tolist() for p in trainer.model.module.parameters()]
     record = {"rank": rank, "losses": trainer.losses, "params": params,
               "device": str(next(trainer.model.parameters()).device)}
-    with open(os.path.join(args.out, f"ddp_snapshot.rank{rank}.json"), "w") as f:
-        json.dump(record, f)
+    write_record(args.out, "ddp_snapshot", record)
     # the process group is not destroyed: see leave.py
 
 

@@ -7,14 +7,13 @@ to ``device_id=torch.cuda.current_device()``; the full parameters are gathered a
 ``OUT_DIR/fsdp1_device_id.rank<r>.json``.
 """
 import argparse
-import json
 import os
 
 import torch
 import torch.distributed as dist
 import torch.nn as nn
 from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
-from leave import leave  # the clients folder is sys.path[0]
+from leave import leave, write_record  # the clients folder is sys.path[0]
 
 
 def main(args):
@@ -46,8 +45,7 @@ def main(args):
     rank = dist.get_rank()
     record = {"rank": rank, "losses": losses, "params": params,
               "device": str(next(model.parameters()).device)}
-    with open(os.path.join(args.out, f"fsdp1_device_id.rank{rank}.json"), "w") as f:
-        json.dump(record, f)
+    write_record(args.out, "fsdp1_device_id", record)
     dist.destroy_process_group()
 
 

@@ -8,7 +8,6 @@ continued from the loaded state.
 ``OUT_DIR/fsdp2_dcp.rank<r>.json``.
 """
 import argparse
-import json
 import os
 
 import torch
@@ -18,7 +17,7 @@ import torch.nn as nn
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
-from leave import leave  # the clients folder is sys.path[0]
+from leave import leave, write_record  # the clients folder is sys.path[0]
 
 
 class Block(nn.Module):
@@ -93,8 +92,7 @@ def main(args):
     params = [p.full_tensor().detach().cpu().flatten().tolist() for p in fresh.parameters()]
     record = {"rank": dist.get_rank(), "losses": losses, "params": params,
               "device": str(next(fresh.parameters()).to_local().device)}
-    with open(os.path.join(args.out, f"fsdp2_dcp.rank{record['rank']}.json"), "w") as f:
-        json.dump(record, f)
+    write_record(args.out, "fsdp2_dcp", record)
     dist.destroy_process_group()
 
 

@@ -1,4 +1,4 @@
-"""How the client scripts end once their records are written.
+"""How the client scripts end: each rank writes its record (:func:`write_record`), then leaves.
 
 torch 2.13 with gloo frees a finished collective on gloo's own thread. When that collective holds
 the last reference to a tensor Python has already let go of, freeing it needs the GIL; if the
@@ -11,8 +11,16 @@ module from their own folder (``sys.path[0]``); the accelerate and Lightning cli
 tests/realclients add this folder to their path.
 """
 import atexit
+import json
 import os
 import sys
+
+
+def write_record(out: str, client: str, record: dict) -> None:
+    """Write this rank's ``record`` (it holds ``"rank"``) as ``OUT/CLIENT.rankN.json``, the file
+    tests/distributed/test_real_clients.py reads."""
+    with open(os.path.join(out, f"{client}.rank{record['rank']}.json"), "w") as f:
+        json.dump(record, f)
 
 
 def leave(code: int = 0) -> None:

@@ -7,7 +7,6 @@ with ``map_location={"cuda:0": f"cuda:{rank}"}``.
 Each rank writes ``OUT_DIR/mp_spawn_ddp.rank<r>.json``.
 """
 import argparse
-import json
 import os
 import socket
 
@@ -16,7 +15,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel as DDP
-from leave import leave  # the clients folder is sys.path[0]
+from leave import leave, write_record  # the clients folder is sys.path[0]
 
 
 def run(rank, world_size, args, port):
@@ -52,8 +51,7 @@ def run(rank, world_size, args, port):
               "params": [p.detach().cpu().flatten().tolist() for p in model.parameters()],
               "device": str(next(model.parameters()).device),
               "loaded_devices": sorted({str(t.device) for t in state.values()})}
-    with open(os.path.join(args.out, f"mp_spawn_ddp.rank{rank}.json"), "w") as f:
-        json.dump(record, f)
+    write_record(args.out, "mp_spawn_ddp", record)
     leave()
 
 

@@ -8,7 +8,6 @@ With 2 processes the mesh is 1 x 2. ``--cpu``: the reference run (plain gloo). E
 ``OUT_DIR/tensor_parallel.rank<r>.json``.
 """
 import argparse
-import json
 import os
 
 import torch
@@ -17,7 +16,7 @@ import torch.nn as nn
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
-from leave import leave  # the clients folder is sys.path[0]
+from leave import leave, write_record  # the clients folder is sys.path[0]
 
 
 class FeedForward(nn.Module):
@@ -61,8 +60,7 @@ def main(args):
     record = {"rank": rank, "losses": losses, "params": params,
               "device": str(next(model.parameters()).to_local().device),
               "placements": str(model[0].in_proj.weight.placements)}
-    with open(os.path.join(args.out, f"tensor_parallel.rank{rank}.json"), "w") as f:
-        json.dump(record, f)
+    write_record(args.out, "tensor_parallel", record)
     dist.destroy_process_group()
 
 
