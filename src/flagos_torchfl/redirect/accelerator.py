@@ -55,11 +55,9 @@ def patch_available_device_type(target: Target, patcher: Patcher) -> None:
         found = _real_accelerator_type()
         return found if found is not None else original()
 
-    patcher.setattr(utils, "_get_available_device_type", _get_available_device_type)
-    for name in ("torch.nn.parallel.data_parallel", "torch.distributed.checkpoint.filesystem"):
-        module = sys.modules.get(name)
-        if getattr(module, "_get_available_device_type", None) is original:
-            patcher.setattr(module, "_get_available_device_type", _get_available_device_type)
+    owners = [utils] + [sys.modules.get(name) for name in
+                        ("torch.nn.parallel.data_parallel", "torch.distributed.checkpoint.filesystem")]
+    patcher.replace_in(owners, "_get_available_device_type", original, _get_available_device_type)
 
 
 def _none_found(name: str, value: Any) -> bool:

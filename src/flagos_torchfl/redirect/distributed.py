@@ -74,9 +74,7 @@ def patch_process_group(target: Target, patcher: Patcher) -> None:
         original = getattr(c10d, name)
         # init_process_group(device_id=...) without a backend: torch names it after the device
         wrapper = _rebinding(target, original, params, fills_backend=name == "init_process_group")
-        for owner in (c10d, dist):
-            if getattr(owner, name, None) is original:
-                patcher.setattr(owner, name, wrapper)
+        patcher.replace_in((c10d, dist), name, original, wrapper)
     table = c10d.Backend.default_device_backend_map
     patcher.setitem(table, "cuda", target.collective)
     if target.device_type not in table:
@@ -127,10 +125,7 @@ def patch_barrier(target: Target, patcher: Patcher) -> None:
             values["device_ids"] = [physical(d) for d in values["device_ids"]]
 
     original = c10d.barrier
-    wrapper = with_edited_arguments(original, edit)
-    for owner in (c10d, dist):
-        if getattr(owner, "barrier", None) is original:
-            patcher.setattr(owner, "barrier", wrapper)
+    patcher.replace_in((c10d, dist), "barrier", original, with_edited_arguments(original, edit))
 
 
 @patch_function("device_mesh", on_cuda=True)
@@ -147,11 +142,9 @@ def patch_device_mesh(target: Target, patcher: Patcher) -> None:
         values["device_type"] = target.translate_type(values["device_type"])
 
     original = device_mesh.init_device_mesh
-    wrapper = with_edited_arguments(original, edit)
-    for name in ("torch.distributed.device_mesh", "torch.distributed", "torch.distributed.tensor"):
-        owner = importlib.import_module(name)
-        if getattr(owner, "init_device_mesh", None) is original:
-            patcher.setattr(owner, "init_device_mesh", wrapper)
+    owners = [importlib.import_module(name) for name in
+              ("torch.distributed.device_mesh", "torch.distributed", "torch.distributed.tensor")]
+    patcher.replace_in(owners, "init_device_mesh", original, with_edited_arguments(original, edit))
     patcher.wrap_arguments(device_mesh.DeviceMesh, "__init__", edit)
 
 

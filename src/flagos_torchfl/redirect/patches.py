@@ -14,7 +14,7 @@ import dataclasses
 import functools
 import inspect
 import types
-from typing import Any, Callable, List, Tuple
+from typing import Any, Callable, Iterable, List, Tuple
 
 _MISSING = object()
 
@@ -84,6 +84,13 @@ class Patcher:
         original = getattr(owner, name)
         self.setattr(owner, name, make(original))
         return original
+
+    def replace_in(self, owners: Iterable[Any], name: str, original: Any, replacement: Any) -> None:
+        """Set ``owner.name = replacement`` on each of ``owners`` (modules; None is skipped) that
+        still holds ``original``: the modules that took a function by name at import."""
+        for owner in owners:
+            if getattr(owner, name, None) is original:
+                self.setattr(owner, name, replacement)
 
     def wrap_arguments(self, owner: Any, name: str, edit: Callable[[dict], None]) -> Callable:
         """Replace ``owner.name`` by :func:`with_edited_arguments` of it; returns the original."""
