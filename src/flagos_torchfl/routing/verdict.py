@@ -13,6 +13,7 @@ import time
 from typing import Callable, Dict, List, Optional
 
 from ..config import format_bytes
+from .budget import format_share
 
 ROUTES = ("native", "library", "composite", "fallback", "unsupported")
 #: order of the costliest first: what fails, then host round trips, then decompositions
@@ -124,10 +125,6 @@ def _per(value: Optional[float], steps: int, bytes_: bool = False) -> str:
     return str(int(value)) if value == int(value) else f"{value:.1f}"
 
 
-def _share(value: Optional[float]) -> str:
-    return "-" if value is None else f"{value:.1%}"
-
-
 def _columns(rows: List[tuple], indent: str = "  ") -> List[str]:
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     return [indent + "  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows]
@@ -152,7 +149,7 @@ def render(data: dict, limit: int = 12) -> str:
             rows.append((route, "0", "0", "-", "-"))
             continue
         rows.append((route, "-" if r["operators"] is None else str(r["operators"]), _per(r["calls"], steps),
-                     _share(r["share"]), _per(r["host_bytes"], steps, True)))
+                     format_share(r["share"]), _per(r["host_bytes"], steps, True)))
     lines = [f"verdict for {chip} ({data['backend']}, device {data['device_type']}{origin}), {per}:"]
     lines += _columns(rows)
     lines.append(f"  time share: of {data['time_basis']}; a decomposition's parts count within it")
@@ -167,7 +164,7 @@ def render(data: dict, limit: int = 12) -> str:
     rows = [("OPERATOR", "ROUTE", f"CALLS{unit}", "TIME SHARE", f"HOST BYTES{unit}", "DTYPES", "NOTE")]
     for o in away[:limit]:
         note = f"native except for {', '.join(o['dtypes'])}" if o["native_for_other_dtypes"] else ""
-        rows.append((o["op"], o["route"], _per(o["calls"], steps), _share(o["share"]),
+        rows.append((o["op"], o["route"], _per(o["calls"], steps), format_share(o["share"]),
                      _per(o["host_bytes"], steps, True), ",".join(o["dtypes"]), note))
     lines += _columns(rows)
     if len(away) > limit:
