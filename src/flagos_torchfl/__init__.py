@@ -23,7 +23,7 @@ from .backends import get_backend, register_backend  # noqa: E402
 from .checkpoint import info as checkpoint_info, load, save  # noqa: E402
 from .errors import (  # noqa: E402
     ActivationError, AlreadyInitializedError, BackendUnavailableError, ConfigError, DeviceOrdinalError,
-    FlagOSError,
+    CheckpointError, FlagOSError,
     OperatorNotSupportedError, PrivateUse1ClaimedError, UnknownBackendError, UnsupportedFeatureError,
 )
 from .routing import load_routing_config, routing_report  # noqa: E402
@@ -31,7 +31,7 @@ from .selection import Selection  # noqa: E402
 
 __all__ = [
     "auto_select_backend", "init_backend", "current_backend", "deactivate", "get_backend",
-    "register_backend", "Selection", "ActivationError", "AlreadyInitializedError",
+    "register_backend", "Selection", "ActivationError", "AlreadyInitializedError", "CheckpointError",
     "BackendUnavailableError", "ConfigError", "DeviceOrdinalError", "FlagOSError", "OperatorNotSupportedError",
     "PrivateUse1ClaimedError", "UnknownBackendError", "UnsupportedFeatureError",
     "memory_virtual_limit", "memory_pool_clear_interval", "enable_mixed_precision",

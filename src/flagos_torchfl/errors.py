@@ -71,3 +71,8 @@ class DeviceOrdinalError(FlagOSError, RuntimeError):
 
 class PrivateUse1ClaimedError(FlagOSError, RuntimeError):
     """PyTorch's single PrivateUse1 slot is already taken by another backend."""
+
+
+class CheckpointError(FlagOSError, RuntimeError):
+    """A file given as a checkpoint is not a sound one (empty, cut short, not torch's format), or
+    torch wrote an archive ``ft.save`` cannot add its record to."""
