@@ -12,7 +12,6 @@ concurrent writers of one target never remove each other's.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import os
 import re
 import secrets
@@ -64,6 +63,7 @@ def temporaries(directory: str, name: str) -> list:
 
 def remove_abandoned(directory: str, name: str) -> None:
     """Remove the temporaries of target ``name`` whose writer is gone (their lock is free)."""
+    import fcntl  # POSIX: imported here so that importing the package does not need it
     for temporary in temporaries(directory, name):
         path = os.path.join(directory, temporary)
         try:
@@ -84,6 +84,7 @@ def remove_abandoned(directory: str, name: str) -> None:
 def _create(directory: str, name: str) -> Tuple[int, str]:
     """A new locked temporary for target ``name``: (fd, path). Created with mode 0o666 so the
     umask applies as it does to ``open(path, "wb")``."""
+    import fcntl
     while True:
         temporary = os.path.join(directory, f".{name}.{secrets.token_hex(4)}.tmp")
         try:

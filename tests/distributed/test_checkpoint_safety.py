@@ -314,3 +314,36 @@ def test_a_refused_pickle_or_a_missing_file_stay_torchs_errors(tmp_path):
 class _Code:
     def __reduce__(self):
         return (os.getcwd, ())
+
+
+# A CUDA-written script: a transformers GPT-2 (random weights, tied embeddings) on "cuda", saved
+# with ft.save over an older checkpoint and loaded back with ft.load.
+SAVE_A_MODEL = r"""
+import os, sys, torch, transformers
+import flagos_torchfl as ft
+
+path = sys.argv[1]
+config = transformers.GPT2Config(n_layer=1, n_head=2, n_embd=32, vocab_size=64, n_positions=16)
+torch.manual_seed(0)
+model = transformers.GPT2LMHeadModel(config).cuda()
+ft.save({"step": 0}, path)
+ft.save({"model": model.state_dict(), "step": 1}, path)
+loaded = ft.load(path)
+state = loaded["model"]
+same = all(torch.equal(state[k].cpu(), v.cpu()) for k, v in model.state_dict().items())
+tied = state["lm_head.weight"].untyped_storage().data_ptr() == state["transformer.wte.weight"].untyped_storage().data_ptr()
+record = ft.checkpoint_info(path)
+print(record["device_type"], record["devices"], state["lm_head.weight"].device, loaded["step"], same, tied,
+      os.listdir(os.path.dirname(path)))
+"""
+
+
+@pytest.mark.parametrize("backend, device", [("cpu", "cpu"), ("sim", "sim:0")])
+def test_a_model_saved_from_cuda_code_round_trips_on_cpu_and_sim(tmp_path, backend, device):
+    path = tmp_path / "model.pt"
+    proc = subprocess.run([sys.executable, "-m", "flagos_torchfl", "run", "--", sys.executable, "-c",
+                           SAVE_A_MODEL, str(path)], capture_output=True, text=True, timeout=300, cwd=ROOT,
+                          env=clean_env({"FL_BACKEND": backend, "PYTHONPATH": str(ROOT / "src")}))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    device_type = device.split(":")[0]
+    assert proc.stdout.splitlines()[-1] == f"{device_type} ['{device}'] {device} 1 True True ['model.pt']"
