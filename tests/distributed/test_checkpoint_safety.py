@@ -347,3 +347,45 @@ def test_a_model_saved_from_cuda_code_round_trips_on_cpu_and_sim(tmp_path, backe
     assert proc.returncode == 0, proc.stderr[-3000:]
     device_type = device.split(":")[0]
     assert proc.stdout.splitlines()[-1] == f"{device_type} ['{device}'] {device} 1 True True ['model.pt']"
+
+
+def test_a_temporary_name_in_use_is_skipped(tmp_path, monkeypatch):
+    import fcntl
+    import secrets
+
+    path = tmp_path / "ckpt.pt"
+    taken = tmp_path / ".ckpt.pt.00000000.tmp"
+    taken.write_bytes(b"another writer's half checkpoint")
+    names = iter(["00000000", "11111111"])
+    monkeypatch.setattr(secrets, "token_hex", lambda n: next(names))
+    with open(taken, "r+b") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)  # its writer is alive
+        ft.save({"step": 1}, path)
+        assert torch.load(path) == {"step": 1} and temporaries(path) == [taken.name]
+    monkeypatch.undo()
+    ft.save({"step": 2}, path)  # its writer is gone now
+    assert temporaries(path) == [] and torch.load(path) == {"step": 2}
+
+
+REMOVE_ABANDONED = "import sys; from flagos_torchfl import atomic_file; atomic_file.remove_abandoned(*sys.argv[1:])"
+
+
+def test_a_temporary_removed_before_its_writer_locked_it_is_made_again(tmp_path, monkeypatch):
+    import fcntl
+
+    path = tmp_path / "ckpt.pt"
+    flock, blocking_locks = fcntl.flock, []
+
+    def flock_after_another_save_cleaned_up(fd, operation):
+        if operation == fcntl.LOCK_EX:  # the writer, right after creating its temporary
+            blocking_locks.append(os.readlink(f"/proc/self/fd/{fd}"))
+            if len(blocking_locks) == 1:  # another process saving the same path gets there first
+                subprocess.run([sys.executable, "-c", REMOVE_ABANDONED, str(tmp_path), path.name], check=True,
+                               env=clean_env({"PYTHONPATH": str(ROOT / "src")}), timeout=120)
+        return flock(fd, operation)
+
+    monkeypatch.setattr(fcntl, "flock", flock_after_another_save_cleaned_up)
+    ft.save({"step": 1}, path)
+    first, second = blocking_locks  # the first temporary was removed under it: a second one was made
+    assert first != second and not os.path.exists(first)
+    assert torch.load(path) == {"step": 1} and temporaries(path) == []
