@@ -39,13 +39,15 @@ def label_value(text: object) -> str:
 
 def check_prefix(prefix: str) -> str:
     """``prefix`` when it is a valid label prefix (a lowercase DNS subdomain of at most 253
-    characters, not in a ``kubernetes.io`` or ``k8s.io`` namespace NFD refuses); else ConfigError."""
+    characters) in a namespace NFD publishes labels in; else ConfigError."""
     if len(prefix) > 253 or not _SUBDOMAIN.fullmatch(prefix):
         raise ConfigError(f"label prefix {prefix!r} is not valid: give a lowercase DNS subdomain "
                           f"such as {PREFIX!r}")
-    if re.search(r"(^|\.)(kubernetes\.io|k8s\.io)$", prefix):
+    reserved = re.search(r"(^|\.)(kubernetes\.io|k8s\.io)$", prefix)
+    if reserved and not re.search(r"(^|\.)(feature|profile)\.node\.kubernetes\.io$", prefix):
         raise ConfigError(f"label prefix {prefix!r} is in a namespace NFD does not publish labels in "
-                          f"(kubernetes.io, k8s.io); use your own, such as {PREFIX!r}")
+                          "(kubernetes.io and k8s.io ones other than feature.node.kubernetes.io and "
+                          f"profile.node.kubernetes.io); use your own, such as {PREFIX!r}")
     return prefix
 
 
