@@ -134,6 +134,7 @@ def run_job(args) -> int:
     if args.resource:
         manifests.check_resource(args.resource)
     if args.nodes_json:
+        # the options are checked before the node list is read: a bad one is named as such
         manifests.job_request(args.kind, backend, args.nodes, args.nproc_per_node, args.image, program,
                               args.name, args.namespace, args.resource, args.prefix)
         found, why = pools.choose(pools.read_nodes(args.nodes_json), candidates, args.nodes,

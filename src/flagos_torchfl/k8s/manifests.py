@@ -26,7 +26,7 @@ import re
 from typing import Dict, List, Optional, Tuple
 
 from ..backends.base import Backend
-from ..errors import ConfigError
+from ..errors import ConfigError, suggestion
 from . import labels
 
 KINDS = ("job", "trainjob", "pytorchjob")
@@ -43,6 +43,7 @@ LAUNCH = ("python", "-m", "flagos_torchfl", "run", "--", "torchrun")
 COMPLETION_INDEX = "metadata.annotations['batch.kubernetes.io/job-completion-index']"
 MAX_PROCESSES = 128
 _NAME = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
+_NAMESPACE = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
 _IMAGE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/:@+-]*")
 _RESOURCE = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)+"
                        r"/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?")
@@ -71,8 +72,6 @@ def job_request(kind: str, backend: Backend, nodes: int, nproc_per_node: int, im
     ``resource`` None: the backend's usual device-plugin resource (none for a backend without
     one)."""
     if kind not in KINDS:
-        from ..errors import suggestion
-
         raise ConfigError(f"unknown kind {kind!r}.{suggestion(kind, KINDS)} Valid: {', '.join(KINDS)}")
     if not isinstance(nodes, int) or nodes < 1:
         raise ConfigError(f"--nodes {nodes} is not valid: give a number of nodes, 1 or more")
@@ -85,7 +84,7 @@ def job_request(kind: str, backend: Backend, nodes: int, nproc_per_node: int, im
         raise ConfigError("no program given: end the command with `-- SCRIPT ARGS...`")
     name = name if name is not None else f"torchfl-{backend.name}"
     check_name(name, kind, nodes)
-    if namespace is not None and (len(namespace) > 63 or not re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", namespace)):
+    if namespace is not None and (len(namespace) > 63 or not _NAMESPACE.fullmatch(namespace)):
         raise ConfigError(f"namespace {namespace!r} is not valid: lowercase letters, digits and '-', "
                           "at most 63, beginning and ending with a letter or digit")
     if resource is None:
@@ -99,8 +98,12 @@ def job_request(kind: str, backend: Backend, nodes: int, nproc_per_node: int, im
 def check_image(image: str) -> str:
     """``image`` when it reads as a container image reference; else ConfigError."""
     if not _IMAGE.fullmatch(image or ""):
-        problem = "it holds white space" if re.search(r"\s", image or "") else "it is empty" \
-            if not image else "it holds characters an image reference cannot"
+        if not image:
+            problem = "it is empty"
+        elif re.search(r"\s", image):
+            problem = "it holds white space"
+        else:
+            problem = "it holds characters an image reference cannot"
         raise ConfigError(f"image {image!r} is not valid: {problem}; give a reference such as "
                           "registry.example.com/team/train:1.0")
     return image
