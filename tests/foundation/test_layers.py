@@ -16,6 +16,7 @@ ALLOWED = {
     "backends": {"aten", "sim", "entry_points"},
     "routing": {"aten", "backends", "entry_points"},
     "redirect": {"backends"},
+    "k8s": {"backends"},
 }
 BASE = {"errors", "log", "variables", "config", "compat"}
 
@@ -42,7 +43,7 @@ def test_imports_point_down(package):
         assert not extra, f"{path.relative_to(SRC)} imports {sorted(extra)}"
 
 
-@pytest.mark.parametrize("package", ["redirect", "routing"])
+@pytest.mark.parametrize("package", ["redirect", "routing", "k8s"])
 def test_no_layer_above_the_backends_asks_which_chip_it_is(package):
     # "cuda" is what user code names and the redirection translates, not a chip it asks about
     chip_names = r"(cpu|sim|rocm|ascend|cambricon|mthreads|xpu|mps|npu|mlu|musa)"

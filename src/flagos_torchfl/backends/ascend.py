@@ -18,6 +18,7 @@ class AscendBackend(Backend):
     priority = 90
     profiler_activity = "PrivateUse1"
     kernel_libraries = ("flaggems",)
+    k8s_resources = ("huawei.com/Ascend910", "huawei.com/Ascend310P", "huawei.com/Ascend310")
     allocator_conf_env = ("PYTORCH_NPU_ALLOC_CONF",)
     plugin_module = "torch_npu"
     query_tool = ("npu-smi", "info")

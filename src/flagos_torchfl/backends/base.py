@@ -120,6 +120,13 @@ class Backend:
     #: (``FL_SIM_PROFILE``): documented defaults, not read from the vendor's packages
     profile_device_name: Optional[str] = None
     profile_memory: Optional[int] = None
+    #: the extended resources the chip's Kubernetes device plugins advertise, the usual one first
+    #: (``k8s job`` requests it unless told another); empty: no device plugin, the pods request
+    #: no device
+    k8s_resources: Tuple[str, ...] = ()
+    #: variables a container needs to see every device of its node without requesting one (the
+    #: node-labelling DaemonSet of ``k8s daemonset``)
+    k8s_probe_env: Mapping[str, str] = MappingProxyType({})
 
     # ----------------------------------------------------------------- probing
     def probe(self, timeout: Optional[float] = None, count_ops: bool = True, query_tools: bool = True,

@@ -18,6 +18,8 @@ class CambriconBackend(Backend):
     priority = 85
     profiler_activity = "PrivateUse1"
     kernel_libraries = ("flaggems",)
+    # the device plugin with --enable-device-type names each model: cambricon.com/mlu370 ...
+    k8s_resources = ("cambricon.com/mlu", "cambricon.com/mlu370")
     plugin_module = "torch_mlu"
     query_tool = ("cnmon", "version")
     driver_pattern = r"[Dd]river\s*[:=]?\s*v?(\d[\w.\-]*)"

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import shutil
+from types import MappingProxyType
 
 from .base import Backend, Unavailable
 from .memory import TORCH_ALLOCATOR_VARIABLES
@@ -24,6 +25,8 @@ class CudaBackend(Backend):
     priority = 100
     profiler_activity = "CUDA"
     kernel_libraries = ("flaggems",)
+    k8s_resources = ("nvidia.com/gpu",)
+    k8s_probe_env = MappingProxyType({"NVIDIA_VISIBLE_DEVICES": "all"})
     allocator_conf_env = TORCH_ALLOCATOR_VARIABLES
     query_tool = ("nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader")
     driver_pattern = r"(?m)^\s*(\d+\.\d+(?:\.\d+)?)\s*$"

@@ -16,6 +16,7 @@ class MThreadsBackend(Backend):
     priority = 80
     profiler_activity = "PrivateUse1"
     kernel_libraries = ("flaggems",)
+    k8s_resources = ("mthreads.com/gpu",)
     plugin_module = "torch_musa"
     query_tool = ("mthreads-gmi",)
     driver_pattern = r"Driver Version\s*:?\s*([\w.\-]+)"

@@ -10,9 +10,9 @@ import sys
 from typing import List, Optional
 
 from ..errors import ConfigError
-from . import detect, env, ops, run
+from . import detect, env, k8s, ops, run
 
-COMMANDS = [detect, env, run, ops]
+COMMANDS = [detect, env, run, ops, k8s]
 
 
 def build_parser() -> argparse.ArgumentParser:
