@@ -13,6 +13,7 @@ import os
 from types import MappingProxyType
 from typing import Any, Callable, FrozenSet, List, Mapping, Optional, Tuple
 
+from .. import autoload
 from ..log import get_logger
 from . import memory as _memory
 from . import probe as _probe
@@ -198,12 +199,15 @@ class Backend:
         if self.plugin_module:
             if not self.plugin_found():
                 raise Unavailable(f"{self.plugin_module} is not installed")
+            problem = autoload.plugin_problem(self.plugin_module)
+            if problem:  # it failed in the start-up probe: importing it here would fail again
+                raise Unavailable(problem)
             _, problem = _probe.call_with_timeout(
                 lambda: importlib.import_module(self.plugin_module), timeout,
                 f"importing {self.plugin_module}",
             )
             if problem:
-                raise Unavailable(problem)
+                raise Unavailable(autoload.explain(self.plugin_module, problem))
         import torch
 
         module = getattr(torch, self.device_type, None)
