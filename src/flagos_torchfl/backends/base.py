@@ -121,6 +121,9 @@ class Backend:
     #: (``FL_SIM_PROFILE``): documented defaults, not read from the vendor's packages
     profile_device_name: Optional[str] = None
     profile_memory: Optional[int] = None
+    #: ``torch.cuda`` names whose counterpart in the chip's device module has another name
+    #: (``{"CUDAGraph": "NPUGraph", "nvtx": "mstx"}``); the facade answers them with it
+    cuda_counterparts: Mapping[str, str] = MappingProxyType({})
 
     # ----------------------------------------------------------------- probing
     def probe(self, timeout: Optional[float] = None, count_ops: bool = True, query_tools: bool = True,
@@ -290,6 +293,14 @@ class Backend:
         import torch
 
         return getattr(torch, self.device_type)
+
+    def device_module_table(self):
+        """The public names of the chip's device module as the vendor ships it
+        (:class:`~.device_modules.DeviceModuleTable`, ``data/device_modules/<name>.json``), or
+        None where no table is shipped."""
+        from . import device_modules
+
+        return device_modules.load(self.name)
 
     # ----------------------------------------------------------------- memory
     def apply_memory_limit(self, selection) -> Optional[Callable[[], None]]:
