@@ -194,6 +194,16 @@ def explain(module: str, error: str, dist: Optional[str] = None, version: Option
     return "; ".join(parts)
 
 
+def explain_import(module: str, problem: str) -> str:
+    """``problem`` (an import of ``module`` in this process that failed or hung) with what
+    :func:`explain` can add: the missing library and its component, a torch mismatch; unchanged
+    when there is nothing to add."""
+    dist, _ = _distribution(module, None, None)
+    if missing_library(problem) is None and torch_mismatch(dist) is None:
+        return problem
+    return explain(module, problem)
+
+
 def missing_library(error: Optional[str]) -> Optional[str]:
     """The shared library an ``ImportError`` says it cannot open (``libhccl.so``), or None."""
     found = _MISSING_LIBRARY.search(error or "")

@@ -210,7 +210,7 @@ class Backend:
                 f"importing {self.plugin_module}",
             )
             if problem:
-                raise Unavailable(autoload.explain(self.plugin_module, problem))
+                raise Unavailable(autoload.explain_import(self.plugin_module, problem))
         import torch
 
         module = getattr(torch, self.device_type, None)

@@ -15,6 +15,9 @@ exit code 1, rather than letting it run on the wrong device. An interpreter that
 not this package runs unactivated with one warning, unless ``FL_BACKEND`` asks for a backend
 (then it ends with exit code 1, saying the package is missing there).
 
+Before torch is first imported it runs the package's ``autoload.guard`` (loaded by path), so that a
+vendor plugin that cannot load does not take ``import torch`` down (see ``flagos_torchfl/autoload.py``).
+
 Standard library only, and nothing imported that start-up has not loaded already.
 """
 import os

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import textwrap
+from typing import Optional
 
 from .. import autoload
 from ..backends import registry
@@ -66,8 +67,9 @@ def sim_profiles() -> list:
 _LONG_REASON = 70
 
 
-def _status(row: dict, notes: list) -> str:
-    if row["status"] == "unavailable" and len(row["reason"] or "") > _LONG_REASON:
+def _status(row: dict, notes: Optional[list] = None) -> str:
+    """The status cell; a long reason goes to ``notes`` (when given), the cell pointing to it."""
+    if notes is not None and row["status"] == "unavailable" and len(row["reason"] or "") > _LONG_REASON:
         notes.append(f"{row['name']}: {row['reason']}")
         return f"not available (note {len(notes)})"
     if row["status"] == "available":
