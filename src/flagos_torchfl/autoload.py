@@ -8,12 +8,14 @@ interpreter (bounded by ``FL_PROBE_TIMEOUT``), and when one fails it sets
 ``TORCH_DEVICE_BACKEND_AUTOLOAD=0`` so torch imports without them, and records why each failed in
 the internal variable ``FL_PLUGIN_AUTOLOAD``. Children inherit both and probe nothing again. A
 ``TORCH_DEVICE_BACKEND_AUTOLOAD`` the user set is left as it is, and nothing is probed then.
+Where no plugin is installed the record says so too, so that children do not scan the installed
+distributions again (about 50 to 90 ms each here).
 
 The reasons say what is wrong and what fixes it: the missing shared library, the vendor component
 that ships it (``data/plugin_libraries.json``) with the state of the variables that make it
 visible, and a plugin built for another torch (its own ``Requires-Dist``). Backends read them
-through :func:`plugin_problem`; :func:`explain` turns an import error met in this process into
-the same kind of reason.
+through :func:`plugin_problem`; :func:`explain_import` turns an import error met in this process
+into the same kind of reason.
 
 Standard library only, and importable without torch: the start-up hook loads this file by path.
 """
@@ -87,8 +89,7 @@ def probe_timeout(environ: Mapping[str, str] = os.environ) -> float:
 def guard(environ: MutableMapping[str, str] = os.environ) -> Optional[dict]:
     """Before torch is imported: make sure a device plugin that cannot load does not take
     ``import torch`` down (see the module docstring). Returns the record (None when there was
-    nothing to decide: torch already imported, the user's own ``TORCH_DEVICE_BACKEND_AUTOLOAD``,
-    or no plugin installed)."""
+    nothing to decide: torch already imported, or the user's own ``TORCH_DEVICE_BACKEND_AUTOLOAD``)."""
     if "torch" in sys.modules:
         return None
     record = _record(environ)
@@ -101,9 +102,7 @@ def guard(environ: MutableMapping[str, str] = os.environ) -> Optional[dict]:
     if AUTOLOAD in environ:
         return None
     plugins = plugin_entry_points()
-    if not plugins:
-        return None
-    errors = _probe_plugins(plugins, probe_timeout(environ), environ)
+    errors = _probe_plugins(plugins, probe_timeout(environ), environ) if plugins else {}
     record = {"python": sys.executable, "disabled": False, "plugins": {}}
     for plugin in plugins:
         error = errors.get(plugin["entry_point"], errors.get(""))
