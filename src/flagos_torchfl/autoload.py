@@ -40,26 +40,42 @@ _TABLE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "plugi
 _MISSING_LIBRARY = re.compile(r"(lib[\w.+\-]*?\.so)(?:\.[\d.]+)?: cannot open shared object file")
 
 #: what the child interpreter runs: import torch without auto-load, then load and call each
-#: plugin's entry point as torch would, printing one JSON line: entry point name -> error or None
+#: plugin's entry point as torch would, each bounded by the timeout (argv[1]) through a watchdog
+#: that reports the hang and ends the child; prints one JSON line: entry point -> error or None
 _PROBE = r"""
-import json, os, sys
+import json, os, sys, threading
 os.environ["TORCH_DEVICE_BACKEND_AUTOLOAD"] = "0"
-result = {}
+timeout, result = float(sys.argv[1]), {}
+
+def report():
+    sys.stdout.write("\n" + json.dumps(result) + "\n")
+    sys.stdout.flush()
+
 try:
     import torch
 except BaseException as exc:
-    result = {"": "importing torch failed: %s: %s" % (type(exc).__name__, exc)}
+    result[""] = "importing torch failed: %s: %s" % (type(exc).__name__, exc)
 else:
     from importlib.metadata import entry_points
     for ep in entry_points(group="torch.backends"):
+        def hung(name=ep.name):
+            result[name] = "loading %s did not finish within %g s (FL_PROBE_TIMEOUT)" % (name, timeout)
+            report()
+            os._exit(0)
+        watchdog = threading.Timer(timeout, hung)
+        watchdog.daemon = True
+        watchdog.start()
         try:
             ep.load()()
             result[ep.name] = None
         except BaseException as exc:
             cause = exc.__cause__ or exc
             result[ep.name] = "%s: %s" % (type(cause).__name__, cause)
-sys.stdout.write("\n" + json.dumps(result) + "\n")
+        watchdog.cancel()
+report()
 """
+#: seconds the probe child may take to import torch itself, besides the plugins' timeouts
+TORCH_IMPORT_ALLOWANCE = 300.0
 
 
 def plugin_entry_points() -> List[Dict[str, Optional[str]]]:
@@ -124,33 +140,40 @@ def _record(environ: Mapping[str, str]) -> Optional[dict]:
 
 
 def _probe_plugins(plugins: List[dict], timeout: float, environ: Mapping[str, str]) -> Dict[str, Optional[str]]:
-    """Entry point name -> error text (None: it loaded) from a child interpreter; every plugin
-    gets the same error when the child hangs past ``timeout`` (its whole process group is then
-    killed) or dies."""
+    """Entry point name -> error text (None: it loaded) from a child interpreter, each plugin's
+    load bounded by ``timeout``. A child that does not end in time for all of them plus
+    :data:`TORCH_IMPORT_ALLOWANCE` (torch's own import), or dies, gives every plugin that error;
+    its whole process group is killed."""
     env = dict(environ)
     env[AUTOLOAD] = "0"
     env.pop("FL_ACTIVATE", None)  # the child must not activate through the start-up hook
     try:
-        proc = subprocess.Popen([sys.executable, "-c", _PROBE], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, env=env, start_new_session=True)
+        proc = subprocess.Popen([sys.executable, "-c", _PROBE, repr(timeout)], stdin=subprocess.DEVNULL,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, start_new_session=True)
     except OSError as exc:
         return {"": f"the plugin probe could not start: {exc}"}
+    limit = timeout * len(plugins) + TORCH_IMPORT_ALLOWANCE
     try:
-        out, err = proc.communicate(timeout=timeout)
+        out, err = proc.communicate(timeout=limit)
     except subprocess.TimeoutExpired:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
+        _kill_group(proc.pid)
         proc.communicate()
         names = ", ".join(p["entry_point"] for p in plugins)
-        return {"": f"loading the plugins ({names}) did not finish within {timeout:g} s (FL_PROBE_TIMEOUT)"}
+        return {"": f"importing torch and loading the plugins ({names}) did not finish within {limit:g} s"}
+    _kill_group(proc.pid)  # whatever a hung plugin started, once the child has ended
     lines = out.decode(errors="replace").strip().splitlines()
     try:
         return json.loads(lines[-1])
     except (IndexError, ValueError):
         tail = err.decode(errors="replace").strip().splitlines()
         return {"": f"the plugin probe exited with code {proc.returncode}" + (f": {tail[-1][:300]}" if tail else "")}
+
+
+def _kill_group(pid: int) -> None:
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
 
 
 def plugin_problem(module: str, environ: Mapping[str, str] = os.environ) -> Optional[str]:

@@ -158,4 +158,4 @@ def test_a_hanging_plugin_is_bounded_by_the_probe_timeout(tmp_path):
     proc = cli(["detect", "--json"], with_plugin(tmp_path, FL_PROBE_TIMEOUT="3"), timeout=120)
     assert proc.returncode == 0, proc.stderr
     reason = json.loads(proc.stdout)["autoload_disabled_for"]["hang_plugin"]
-    assert "did not finish within 3 s (FL_PROBE_TIMEOUT)" in reason
+    assert "loading hang_plugin did not finish within 3 s (FL_PROBE_TIMEOUT)" in reason
