@@ -8,7 +8,12 @@ from __future__ import annotations
 import sys
 import types
 
-import torch as _torch
+from . import autoload as _autoload
+
+if _autoload.started_as_command():
+    _autoload.guard()  # before torch: a vendor plugin that cannot load must not take it down
+
+import torch as _torch  # noqa: E402
 
 from . import compat as _compat
 

@@ -166,7 +166,9 @@ def _first_available(names: List[str], probe: Probe, source: str, origin: str):
 
 
 def _auto(probe: Probe):
-    skipped, reasons = [], []
+    """The highest-priority available backend; one warning names each backend skipped although
+    its vendor plugin is installed (a broken installation, not a missing chip), and why."""
+    skipped, reasons, installed = [], [], []
     for backend in registry().backends():
         if not backend.auto_selectable:
             continue
@@ -176,9 +178,13 @@ def _auto(probe: Probe):
             why = "highest-priority available backend"
             if skipped:
                 why += f"; not available: {', '.join(skipped)}"
+            if installed:
+                log.warning("running on %s: %s", backend.name, "; ".join(installed))
             return backend.name, "auto", why, result
         skipped.append(backend.name)
         reasons.append(f"{backend.name}: {result.reason}")
+        if backend.plugin_module and backend.plugin_found():
+            installed.append(f"{backend.name} skipped, its plugin is installed but {result.reason}")
     raise BackendUnavailableError("auto", "no backend is available: " + "; ".join(reasons))
 
 

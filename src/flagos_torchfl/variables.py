@@ -156,6 +156,9 @@ _DECLARED = (
     Variable("FL_PARENT_ACTIVATION", _text, None,
              "the activation of the parent process under `run` (JSON), which its children reuse",
              internal=True),
+    Variable("FL_PLUGIN_AUTOLOAD", _text, None,
+             "which device plugins this interpreter's torch could not auto-load, and why (JSON); set "
+             "with `TORCH_DEVICE_BACKEND_AUTOLOAD=0` when one failed", internal=True),
     Variable("FL_VISIBLE_DEVICES_TRANSLATED", _text, None,
              "vendor mask variables set from `CUDA_VISIBLE_DEVICES` (`NAME=VALUE;...`)", internal=True),
 )

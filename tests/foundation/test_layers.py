@@ -9,7 +9,7 @@ import pytest
 from tests.helpers import ROOT
 
 SRC = ROOT / "src" / "flagos_torchfl"
-#: package -> the packages of flagos_torchfl it may import (besides errors, log, variables, config, compat)
+#: package -> the packages of flagos_torchfl it may import (besides errors, log, variables, config, compat, autoload)
 ALLOWED = {
     "aten": set(),
     "sim": {"aten"},
@@ -18,7 +18,7 @@ ALLOWED = {
     "redirect": {"backends"},
     "k8s": {"backends"},
 }
-BASE = {"errors", "log", "variables", "config", "compat"}
+BASE = {"errors", "log", "variables", "config", "compat", "autoload"}
 
 
 def imported_packages(path):

@@ -73,8 +73,9 @@ def test_plugin_that_raises_on_import(plugin_dir):
         "raise ImportError('libascendcl.so: cannot open shared object file')\n")
     result = registry().get("ascend").probe()
     assert result.status == "unavailable"
-    assert result.reason == (
-        "importing torch_npu failed: ImportError: libascendcl.so: cannot open shared object file")
+    assert result.reason.startswith(
+        "torch_npu cannot load: libascendcl.so is missing (importing torch_npu failed: ImportError: "
+        "libascendcl.so: cannot open shared object file). It ships with the CANN toolkit: ")
 
 
 def test_plugin_reporting_devices_makes_the_backend_available(plugin_dir, tool_dir):

@@ -11,6 +11,8 @@ from tests.helpers import ROOT
 
 SRC = ROOT / "src" / "flagos_torchfl"
 BOOTSTRAP = SRC / "bootstrap" / "sitecustomize.py"
+#: run before torch and the package can be imported (the start-up hook loads the second by path)
+BEFORE_TORCH = (BOOTSTRAP, SRC / "autoload.py")
 
 
 def sources():
@@ -28,13 +30,14 @@ def test_each_variable_is_declared_exactly_once():
 def test_no_module_reads_or_writes_a_variable_around_the_table():
     access = re.compile(r'(environ|getenv)\s*(\.get\(|\[|\()\s*["\']FL_')
     offenders = [str(p.relative_to(SRC)) for p, text in sources().items()
-                 if access.search(text) and p != BOOTSTRAP]
+                 if access.search(text) and p not in BEFORE_TORCH]
     assert offenders == []
 
 
-def test_the_bootstrap_uses_declared_names_only():
-    # the start-up hook runs before torch and this package can be imported: it spells its names
-    used = set(re.findall(r'["\'](FL_[A-Z0-9_]+)["\']', BOOTSTRAP.read_text()))
+@pytest.mark.parametrize("path", BEFORE_TORCH, ids=lambda p: p.name)
+def test_the_modules_that_run_before_torch_use_declared_names_only(path):
+    # they run before torch and this package can be imported: they spell their names
+    used = set(re.findall(r'["\'](FL_[A-Z0-9_]+)["\']', path.read_text()))
     assert used and used <= set(variables.VARIABLES)
 
 

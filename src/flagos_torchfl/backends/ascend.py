@@ -1,6 +1,8 @@
 """Huawei Ascend NPUs through torch_npu (device ``npu``)."""
 from __future__ import annotations
 
+from types import MappingProxyType
+
 from .base import Backend
 
 
@@ -26,3 +28,6 @@ class AscendBackend(Backend):
     visible_devices_env = "ASCEND_RT_VISIBLE_DEVICES"
     profile_device_name = "Ascend 910B"
     profile_memory = 64 << 30
+    # the device module's own names for CUDA graphs, pluggable allocators, ranges, the runtime API
+    cuda_counterparts = MappingProxyType({"CUDAGraph": "NPUGraph", "CUDAPluggableAllocator": "NPUPluggableAllocator",
+                                          "nvtx": "mstx", "cudart": "npurt"})

@@ -13,6 +13,7 @@ import os
 from types import MappingProxyType
 from typing import Any, Callable, FrozenSet, List, Mapping, Optional, Tuple
 
+from .. import autoload
 from ..log import get_logger
 from . import memory as _memory
 from . import probe as _probe
@@ -127,6 +128,9 @@ class Backend:
     #: variables a container needs to see every device of its node without requesting one (the
     #: node-labelling DaemonSet of ``k8s daemonset``)
     k8s_probe_env: Mapping[str, str] = MappingProxyType({})
+    #: ``torch.cuda`` names whose counterpart in the chip's device module has another name
+    #: (``{"CUDAGraph": "NPUGraph", "nvtx": "mstx"}``); the facade answers them with it
+    cuda_counterparts: Mapping[str, str] = MappingProxyType({})
 
     # ----------------------------------------------------------------- probing
     def probe(self, timeout: Optional[float] = None, count_ops: bool = True, query_tools: bool = True,
@@ -205,12 +209,15 @@ class Backend:
         if self.plugin_module:
             if not self.plugin_found():
                 raise Unavailable(f"{self.plugin_module} is not installed")
+            problem = autoload.plugin_problem(self.plugin_module)
+            if problem:  # it failed in the start-up probe: importing it here would fail again
+                raise Unavailable(problem)
             _, problem = _probe.call_with_timeout(
                 lambda: importlib.import_module(self.plugin_module), timeout,
                 f"importing {self.plugin_module}",
             )
             if problem:
-                raise Unavailable(problem)
+                raise Unavailable(autoload.explain_import(self.plugin_module, problem))
         import torch
 
         module = getattr(torch, self.device_type, None)
@@ -293,6 +300,14 @@ class Backend:
         import torch
 
         return getattr(torch, self.device_type)
+
+    def device_module_table(self):
+        """The public names of the chip's device module as the vendor ships it
+        (:class:`~.device_modules.DeviceModuleTable`, ``data/device_modules/<name>.json``), or
+        None where no table is shipped."""
+        from . import device_modules
+
+        return device_modules.load(self.name)
 
     # ----------------------------------------------------------------- memory
     def apply_memory_limit(self, selection) -> Optional[Callable[[], None]]:

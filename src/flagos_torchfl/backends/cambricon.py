@@ -1,6 +1,8 @@
 """Cambricon MLUs through torch_mlu (device ``mlu``)."""
 from __future__ import annotations
 
+from types import MappingProxyType
+
 from .base import Backend
 
 
@@ -26,3 +28,6 @@ class CambriconBackend(Backend):
     visible_devices_env = "MLU_VISIBLE_DEVICES"
     profile_device_name = "MLU370-X8"
     profile_memory = 48 << 30
+    # the device module's own names for CUDA graphs, pluggable allocators, ranges, the runtime API
+    cuda_counterparts = MappingProxyType({"CUDAGraph": "MLUGraph", "CUDAPluggableAllocator": "MLUPluggableAllocator",
+                                          "nvtx": "cnpx", "cudart": "cnrt"})

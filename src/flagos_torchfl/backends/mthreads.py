@@ -1,6 +1,8 @@
 """Moore Threads GPUs through torch_musa (device ``musa``)."""
 from __future__ import annotations
 
+from types import MappingProxyType
+
 from .base import Backend
 
 
@@ -23,3 +25,6 @@ class MThreadsBackend(Backend):
     visible_devices_env = "MUSA_VISIBLE_DEVICES"
     profile_device_name = "MTT S4000"
     profile_memory = 48 << 30
+    # the device module's own names for CUDA graphs, pluggable allocators, ranges, the runtime API
+    cuda_counterparts = MappingProxyType({"CUDAGraph": "MUSAGraph", "CUDAPluggableAllocator": "MUSAPluggableAllocator",
+                                          "cudart": "musart"})

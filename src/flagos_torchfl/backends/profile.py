@@ -108,7 +108,12 @@ class ProfileBackend(SimBackend):
         self.supports_float64 = chip.supports_float64
         self.visible_devices_env = chip.visible_devices_env
         self.kernel_libraries = chip.kernel_libraries
+        self.cuda_counterparts = chip.cuda_counterparts
         self.dtype_gaps = self._dtype_gaps()
+
+    def device_module_table(self):
+        """The chip's device-module table: ``torch.cuda`` answers as the chip's module would."""
+        return self.chip.device_module_table()
 
     def _dtype_gaps(self) -> Mapping[str, Tuple[str, ...]]:
         gaps: Dict[str, Tuple[str, ...]] = dict(self.chip.dtype_gaps)

@@ -15,6 +15,9 @@ exit code 1, rather than letting it run on the wrong device. An interpreter that
 not this package runs unactivated with one warning, unless ``FL_BACKEND`` asks for a backend
 (then it ends with exit code 1, saying the package is missing there).
 
+Before torch is first imported it runs the package's ``autoload.guard`` (loaded by path), so that a
+vendor plugin that cannot load does not take ``import torch`` down (see ``flagos_torchfl/autoload.py``).
+
 Standard library only, and nothing imported that start-up has not loaded already.
 """
 import os
@@ -79,6 +82,29 @@ def _package_missing():
         pass
 
 
+def _guard_plugins():
+    """Before torch is imported: the package's ``autoload.guard`` (a vendor plugin that cannot
+    load must not take ``import torch`` down), loaded by path so that the package, which imports
+    torch, is not imported yet. Once per process; the parent's record makes it cheap."""
+    global _guarded
+    if _guarded:
+        return
+    _guarded = True
+    path = os.path.join(os.path.dirname(_HERE), "autoload.py")
+    try:
+        from importlib.util import module_from_spec, spec_from_file_location
+
+        spec = spec_from_file_location("_flagos_torchfl_autoload", path)
+        module = module_from_spec(spec)
+        spec.loader.exec_module(module)
+        module.guard()
+    except Exception as exc:
+        _abort(exc)
+
+
+_guarded = False
+
+
 def _restore_loader(module, loader):
     module.__loader__ = loader
     spec = getattr(module, "__spec__", None)
@@ -122,6 +148,8 @@ class _ImportWatcher:
     def find_spec(self, fullname, path=None, target=None):
         if fullname not in _WATCHED or fullname in self._finding or self._done:
             return None
+        if fullname == "torch" and "torch" not in sys.modules:
+            _guard_plugins()
         self._finding.add(fullname)
         try:
             spec = self._find_elsewhere(fullname, path, target)

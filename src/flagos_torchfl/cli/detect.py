@@ -2,7 +2,10 @@
 from __future__ import annotations
 
 import json
+import textwrap
+from typing import Optional
 
+from .. import autoload
 from ..backends import registry
 from ..backends.probe import probe_timeout, query_drivers
 from ..config import format_bytes
@@ -35,7 +38,8 @@ def collect() -> dict:
         rows.append({"name": name, "backend": name, "status": "unavailable", "reason": reason,
                      "devices": [], "device_count": 0})
     pick, why = would_pick(probe=lambda name: probes[name])
-    return {"backends": rows, "auto_select": {"backend": pick, "why": why}, "sim_profiles": sim_profiles()}
+    return {"backends": rows, "auto_select": {"backend": pick, "why": why}, "sim_profiles": sim_profiles(),
+            "autoload_disabled_for": autoload.disabled_plugins()}
 
 
 def sim_profiles() -> list:
@@ -59,7 +63,15 @@ def sim_profiles() -> list:
     return rows
 
 
-def _status(row: dict) -> str:
+#: a reason longer than this is printed below the table, the row pointing to it
+_LONG_REASON = 70
+
+
+def _status(row: dict, notes: Optional[list] = None) -> str:
+    """The status cell; a long reason goes to ``notes`` (when given), the cell pointing to it."""
+    if notes is not None and row["status"] == "unavailable" and len(row["reason"] or "") > _LONG_REASON:
+        notes.append(f"{row['name']}: {row['reason']}")
+        return f"not available (note {len(notes)})"
     if row["status"] == "available":
         return "available"
     if row["status"] == "misconfigured":
@@ -91,15 +103,19 @@ def _version(row: dict) -> str:
 
 def render(data: dict) -> str:
     header = ("BACKEND", "STATUS", "DEVICES", "DRIVER / RUNTIME", "NATIVE OPS", "CATEGORIES", "MEMORY/DEVICE")
-    table = [header]
+    table, notes = [header], []
     for row in data["backends"]:
         ops = row.get("native_ops")
-        table.append((row["name"], _status(row), _devices(row), _version(row),
+        table.append((row["name"], _status(row, notes), _devices(row), _version(row),
                       "-" if ops is None else str(ops), row.get("categories") or "-", _memory(row)))
     widths = [max(len(r[i]) for r in table) for i in range(len(header))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in table]
     lines.append("CATEGORIES: common operation categories the backend runs natively "
                  "(`python -m flagos_torchfl ops --backend NAME --categories`)")
+    for number, note in enumerate(notes, 1):
+        lines += textwrap.wrap(note, 100, initial_indent=f"note {number}: ", subsequent_indent="  ",
+                               break_on_hyphens=False)
+    lines += _autoload_note(data.get("autoload_disabled_for") or {})
     lines += ["", *_render_profiles(data["sim_profiles"])]
     pick = data["auto_select"]
     if pick["backend"]:
@@ -107,6 +123,18 @@ def render(data: dict) -> str:
     else:
         lines.append(f"\nauto_select_backend() would fail: {pick['why']}")
     return "\n".join(lines)
+
+
+def _autoload_note(disabled: dict) -> list:
+    """What a plain ``python`` does on this machine when a device plugin cannot load."""
+    if not disabled:
+        return []
+    names = ", ".join(sorted(disabled))
+    text = (f"torch's auto-load of device plugins is off in this process (TORCH_DEVICE_BACKEND_AUTOLOAD=0) "
+            f"because {names} cannot load (the note above says why). A plain `python train.py` fails inside "
+            f"`import torch` until that is fixed; meanwhile `python -m flagos_torchfl run train.py` runs it on "
+            f"the next backend, or set TORCH_DEVICE_BACKEND_AUTOLOAD=0 yourself.")
+    return ["", *textwrap.wrap(text, 100, break_on_hyphens=False)]
 
 
 def _render_profiles(rows: list) -> list:

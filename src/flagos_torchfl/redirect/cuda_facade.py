@@ -15,6 +15,7 @@ from typing import Any, Callable, Dict, Iterable
 
 import torch
 
+from ..backends.device_modules import missing_uses
 from ..backends.host import DeviceProperties, HostRuntime
 from ..backends.memory import real
 from ..errors import suggestion
@@ -93,10 +94,31 @@ class CudaFacade:
             return PASS
         if not name.startswith("_"):
             delegate = self._mod(name)
+            if delegate is None and name in self.t.chip.cuda_counterparts:
+                delegate = self._mod(self.t.chip.cuda_counterparts[name])
             if delegate is not None:
                 return delegate
-        stand_in = self._table[name] = unserved(name, self.t)
+        stand_in = self._table[name] = self._unserved(name)
         return stand_in
+
+    def _unserved(self, name: str) -> type:
+        """The stand-in for a name the backend's module cannot answer. Where the chip's device
+        module table (``Backend.device_module_table``) lacks the name and its counterpart, the
+        error names the chip and its module, and each use is counted for the verdict
+        (:data:`~flagos_torchfl.backends.device_modules.missing_uses`); where the chip has it
+        but this backend's module does not (a sim profile), the error says so."""
+        table = self.t.chip.device_module_table()
+        if table is None or name.startswith("_"):
+            return unserved(name, self.t)
+        counterpart = self.t.chip.cuda_counterparts.get(name)
+        theirs = next((n for n in (counterpart, name) if n in table.names), None)
+        if theirs is not None:
+            why = f"{table.chip} has {table.device_module}.{theirs}, but this backend's device module does not provide it"
+            return unserved(name, self.t, reason=(f"backend {self.t.backend!r}", why))
+        also = f" (nor {counterpart})" if counterpart else ""
+        why = f"{table.device_module} of {table.origin} has no {name}{also}"
+        return unserved(name, self.t, reason=(table.chip, why),
+                        on_use=lambda: missing_uses.record(table.chip, name))
 
     # -------------------------------------------------------------- the table
     def served(self) -> Dict[str, Any]:
@@ -438,6 +460,8 @@ class CudaFacade:
         served = dict(range_push=range_push, range_pop=range_pop, range_start=range_start,
                       range_end=range_end, mark=mark, range=range)
         own = self._mod("nvtx")
+        if own is None and "nvtx" in self.t.chip.cuda_counterparts:
+            own = self._mod(self.t.chip.cuda_counterparts["nvtx"])  # torch.npu.mstx
         if own is not None:
             served = {name: getattr(own, name, fn) for name, fn in served.items()}
         return Namespace("torch.cuda.nvtx", served, None, self.t)

@@ -11,7 +11,7 @@ under the CUDA name (``torch.cuda.Stream`` constructing the backend's stream).
 from __future__ import annotations
 
 import types
-from typing import Any, Callable, Dict
+from typing import Any, Callable, Dict, Optional, Tuple
 
 from ..errors import UnsupportedFeatureError
 from .devices import Target
@@ -25,8 +25,14 @@ HINTS = {
 }
 #: the legacy ``torch.cuda.<X>Tensor`` types and their dtypes
 
-def unsupported(name: str, target: Target, where: str = "torch.cuda") -> UnsupportedFeatureError:
-    """The error for ``where.name`` on a backend that cannot serve it."""
+def unsupported(name: str, target: Target, where: str = "torch.cuda",
+                reason: Optional[Tuple[str, str]] = None) -> UnsupportedFeatureError:
+    """The error for ``where.name`` on a backend that cannot serve it; ``reason``: (the chip,
+    why it lacks the name) where the chip's device-module table says."""
+    if reason is not None:
+        chip, why = reason
+        return UnsupportedFeatureError(f"{where}.{name} is not available on {chip}: {why} "
+                                       f"(backend {target.backend!r}, device type {target.device_type!r})")
     hint = HINTS.get(name)
     return UnsupportedFeatureError(
         f"{where}.{name} is not available on backend {target.backend!r} "
@@ -46,11 +52,15 @@ class _UnservedMeta(type):
         raise cls._error()
 
 
-def unserved(name: str, target: Target, where: str = "torch.cuda") -> type:
-    """The stand-in for ``where.name``: a class that raises UnsupportedFeatureError on use."""
-    error = unsupported(name, target, where)
+def unserved(name: str, target: Target, where: str = "torch.cuda", reason: Optional[Tuple[str, str]] = None,
+             on_use: Optional[Callable[[], None]] = None) -> type:
+    """The stand-in for ``where.name``: a class that raises UnsupportedFeatureError on use
+    (``reason`` as for :func:`unsupported`), calling ``on_use`` first."""
+    error = unsupported(name, target, where, reason)
 
     def _error() -> UnsupportedFeatureError:
+        if on_use is not None:
+            on_use()
         return UnsupportedFeatureError(str(error))
 
     return _UnservedMeta(name, (), {"_error": staticmethod(_error), "__module__": where, "__doc__": str(error)})

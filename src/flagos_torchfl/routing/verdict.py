@@ -113,7 +113,21 @@ def verdict(router, census: Census) -> dict:
         "backend": described["name"], "profile": described.get("profile"),
         "table": described.get("table"), "device_type": described["device_type"],
         "steps": steps, "time_basis": basis, "routes": routes, "operators": operators,
+        "cuda_api_missing": cuda_api_missing(census.chip),
     }
+
+
+def cuda_api_missing(chip) -> Optional[dict]:
+    """The ``torch.cuda`` names the program used that the chip's device module lacks (each use
+    raised ``UnsupportedFeatureError``): ``{"chip", "module", "origin", "names": [{"name",
+    "uses"}]}``; None where the chip has no device-module table."""
+    from ..backends.device_modules import missing_uses
+
+    table = chip.device_module_table()
+    if table is None:
+        return None
+    names = [{"name": f"torch.cuda.{name}", "uses": uses} for name, uses in missing_uses.rows(table.chip)]
+    return {"chip": table.chip, "module": table.device_module, "origin": table.origin, "names": names}
 
 
 def _per(value: Optional[float], steps: int, bytes_: bool = False) -> str:
@@ -128,6 +142,14 @@ def _per(value: Optional[float], steps: int, bytes_: bool = False) -> str:
 def _columns(rows: List[tuple], indent: str = "  ") -> List[str]:
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     return [indent + "  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows]
+
+
+def _render_cuda_api(missing: Optional[dict]) -> List[str]:
+    if not missing or not missing["names"]:
+        return []
+    names = ", ".join(f"{n['name']} ({n['uses']} {'use' if n['uses'] == 1 else 'uses'})" for n in missing["names"])
+    return [f"torch.cuda APIs the program used that {missing['chip']} lacks ({missing['module']} of "
+            f"{missing['origin']} has no such name): {names}"]
 
 
 def render(data: dict, limit: int = 12) -> str:
@@ -153,6 +175,7 @@ def render(data: dict, limit: int = 12) -> str:
     lines = [f"verdict for {chip} ({data['backend']}, device {data['device_type']}{origin}), {per}:"]
     lines += _columns(rows)
     lines.append(f"  time share: of {data['time_basis']}; a decomposition's parts count within it")
+    lines += _render_cuda_api(data.get("cuda_api_missing"))
     away = data["operators"]
     if not away:
         lines.append(f"every operator ran natively on {chip}")
