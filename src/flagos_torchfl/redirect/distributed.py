@@ -5,8 +5,9 @@ address the backend's device.
 
 ``dist.get_backend()`` stays truthful: it names the library really in use (``gloo``, ``hccl``...).
 
-Activation imports none of ``torch.distributed``'s optional parts: the mesh and FSDP1 patches
-wait for their modules (``waits_for``) and apply when the program imports them.
+Each patch waits for the module it changes (``waits_for``): activation imports none of
+``torch.distributed``'s optional parts (FSDP, DTensor...), and on a torch built without
+distributed support, whose ``import torch`` loads none of these modules, nothing is patched.
 """
 from __future__ import annotations
 
@@ -65,12 +66,10 @@ def _rebinding(target: Target, original, names, fills_backend: bool) -> Any:
     return with_edited_arguments(original, edit)
 
 
-@patch_function("process_group")
+@patch_function("process_group", waits_for="torch.distributed.distributed_c10d")
 def patch_process_group(target: Target, patcher: Patcher) -> None:
     """``init_process_group(backend="nccl", device_id=N)``, ``new_group(backend="nccl")`` and
     ``Backend.default_device_backend_map["cuda"]`` -> the backend's collective library."""
-    if not torch.distributed.is_available():
-        return
     import torch.distributed as dist
     import torch.distributed.distributed_c10d as c10d
 
@@ -85,7 +84,7 @@ def patch_process_group(target: Target, patcher: Patcher) -> None:
         patcher.setitem(table, target.device_type, target.collective)
 
 
-@patch_function("ddp", on_cuda=True)
+@patch_function("ddp", on_cuda=True, waits_for="torch.nn.parallel.distributed")
 def patch_ddp(target: Target, patcher: Patcher) -> None:
     """``DistributedDataParallel(model, device_ids=[local_rank], output_device=local_rank)``:
     physical indices of the backend; dropped where the chip binds no device to a process group
@@ -107,14 +106,14 @@ def patch_ddp(target: Target, patcher: Patcher) -> None:
     patcher.wrap_arguments(DistributedDataParallel, "__init__", edit)
 
 
-@patch_function("barrier", on_cuda=True)
+@patch_function("barrier", on_cuda=True, waits_for="torch.distributed.distributed_c10d")
 def patch_barrier(target: Target, patcher: Patcher) -> None:
     """``dist.barrier(device_ids=[local_rank])``: physical indices of the backend (torch puts the
     barrier's tensor on the accelerator device of the first id). An int that is the current
     device's own physical index (what the truthful ``torch.accelerator.current_device_index()``
     answers, as transformers passes it) is kept. Unchanged where the chip binds no device to a
     process group."""
-    if not torch.distributed.is_available() or not target.chip.binds_process_group_device:
+    if not target.chip.binds_process_group_device:
         return
     import torch.distributed as dist
     import torch.distributed.distributed_c10d as c10d
@@ -142,7 +141,7 @@ _MESH_OWNERS = ("torch.distributed.device_mesh", "torch.distributed", "torch.dis
 def patch_device_mesh(target: Target, patcher: Patcher) -> None:
     """``init_device_mesh("cuda", ...)`` and ``DeviceMesh("cuda", ...)``: a mesh of the
     backend's device type (FSDP2, DTensor and tensor parallelism take their device from it)."""
-    if not torch.distributed.is_available():
+    if not torch.distributed.is_available():  # the module holds stubs that raise on use
         return
     from torch.distributed import device_mesh
 
@@ -162,8 +161,6 @@ def patch_fsdp_device_id(target: Target, patcher: Patcher) -> None:
     PrivateUse1 backend, FSDP1's move of the module's parameters and buffers to that device
     swaps their contents (``torch.utils.swap_tensors``, as ``Module._apply`` does there): a
     PrivateUse1 tensor cannot take over a CPU tensor's ``.data``."""
-    if not torch.distributed.is_available():
-        return
     from torch.distributed.fsdp import FullyShardedDataParallel, _init_utils
 
     def edit(values: dict) -> None:
