@@ -51,3 +51,23 @@ def test_distributed_modules_imported_by_the_program_are_patched_there():
     proc = run_python(["-c", LATER], env={"FL_BACKEND": "cpu"})
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout) == {"waiting": ["fsdp_device_id"], "then": [], "last": "fsdp_device_id"}
+
+
+PROGRAM = r'''
+import json, sys
+import torch
+print(json.dumps(sorted(sys.modules)))
+'''
+
+
+def test_run_adds_the_same_short_list(tmp_path):
+    """``python -m flagos_torchfl run program.py`` against ``python program.py``: the launcher
+    imports its own command and the package, no other command's modules, nothing more of torch."""
+    script = tmp_path / "program.py"
+    script.write_text(PROGRAM)
+    plain = run_python([str(script)], env={"FL_BACKEND": "cpu"})
+    launched = run_python(["-m", "flagos_torchfl", "run", str(script)], env={"FL_BACKEND": "cpu"})
+    assert plain.returncode == 0 and launched.returncode == 0, plain.stderr + launched.stderr
+    added = set(json.loads(launched.stdout)) - set(json.loads(plain.stdout))
+    assert sorted(m for m in added if m.split(".")[0] != "flagos_torchfl") == ADDED_ON_CPU
+    assert not {"flagos_torchfl.cli.detect", "flagos_torchfl.cli.ops", "flagos_torchfl.routing.plan"} & added
