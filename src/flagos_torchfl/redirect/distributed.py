@@ -4,9 +4,14 @@ and ``DistributedDataParallel(device_ids=[N], output_device=N)`` and ``barrier(d
 address the backend's device.
 
 ``dist.get_backend()`` stays truthful: it names the library really in use (``gloo``, ``hccl``...).
+
+Each patch waits for the module it changes (``waits_for``): activation imports none of
+``torch.distributed``'s optional parts (FSDP, DTensor...), and on a torch built without
+distributed support, whose ``import torch`` loads none of these modules, nothing is patched.
 """
 from __future__ import annotations
 
+import sys
 from typing import Any, Optional
 
 import torch
@@ -61,12 +66,10 @@ def _rebinding(target: Target, original, names, fills_backend: bool) -> Any:
     return with_edited_arguments(original, edit)
 
 
-@patch_function("process_group")
+@patch_function("process_group", waits_for="torch.distributed.distributed_c10d")
 def patch_process_group(target: Target, patcher: Patcher) -> None:
     """``init_process_group(backend="nccl", device_id=N)``, ``new_group(backend="nccl")`` and
     ``Backend.default_device_backend_map["cuda"]`` -> the backend's collective library."""
-    if not torch.distributed.is_available():
-        return
     import torch.distributed as dist
     import torch.distributed.distributed_c10d as c10d
 
@@ -81,7 +84,7 @@ def patch_process_group(target: Target, patcher: Patcher) -> None:
         patcher.setitem(table, target.device_type, target.collective)
 
 
-@patch_function("ddp", on_cuda=True)
+@patch_function("ddp", on_cuda=True, waits_for="torch.nn.parallel.distributed")
 def patch_ddp(target: Target, patcher: Patcher) -> None:
     """``DistributedDataParallel(model, device_ids=[local_rank], output_device=local_rank)``:
     physical indices of the backend; dropped where the chip binds no device to a process group
@@ -103,14 +106,14 @@ def patch_ddp(target: Target, patcher: Patcher) -> None:
     patcher.wrap_arguments(DistributedDataParallel, "__init__", edit)
 
 
-@patch_function("barrier", on_cuda=True)
+@patch_function("barrier", on_cuda=True, waits_for="torch.distributed.distributed_c10d")
 def patch_barrier(target: Target, patcher: Patcher) -> None:
     """``dist.barrier(device_ids=[local_rank])``: physical indices of the backend (torch puts the
     barrier's tensor on the accelerator device of the first id). An int that is the current
     device's own physical index (what the truthful ``torch.accelerator.current_device_index()``
     answers, as transformers passes it) is kept. Unchanged where the chip binds no device to a
     process group."""
-    if not torch.distributed.is_available() or not target.chip.binds_process_group_device:
+    if not target.chip.binds_process_group_device:
         return
     import torch.distributed as dist
     import torch.distributed.distributed_c10d as c10d
@@ -128,35 +131,36 @@ def patch_barrier(target: Target, patcher: Patcher) -> None:
     patcher.replace_in((c10d, dist), "barrier", original, with_edited_arguments(original, edit))
 
 
-@patch_function("device_mesh", on_cuda=True)
+#: modules that take ``init_device_mesh`` by name from ``torch.distributed.device_mesh``; those
+#: imported after the patch take the patched function (and get the original back on undo)
+_MESH_OWNERS = ("torch.distributed.device_mesh", "torch.distributed", "torch.distributed.tensor",
+                "torch.distributed.fsdp._fully_shard._fsdp_init")
+
+
+@patch_function("device_mesh", on_cuda=True, waits_for="torch.distributed.device_mesh")
 def patch_device_mesh(target: Target, patcher: Patcher) -> None:
     """``init_device_mesh("cuda", ...)`` and ``DeviceMesh("cuda", ...)``: a mesh of the
     backend's device type (FSDP2, DTensor and tensor parallelism take their device from it)."""
-    if not torch.distributed.is_available():
+    if not torch.distributed.is_available():  # the module holds stubs that raise on use
         return
-    import importlib
-
     from torch.distributed import device_mesh
 
     def edit(values: dict) -> None:
         values["device_type"] = target.translate_type(values["device_type"])
 
     original = device_mesh.init_device_mesh
-    owners = [importlib.import_module(name) for name in
-              ("torch.distributed.device_mesh", "torch.distributed", "torch.distributed.tensor")]
+    owners = [sys.modules.get(name) for name in _MESH_OWNERS]
     patcher.replace_in(owners, "init_device_mesh", original, with_edited_arguments(original, edit))
     patcher.wrap_arguments(device_mesh.DeviceMesh, "__init__", edit)
 
 
-@patch_function("fsdp_device_id", on_cuda=True)
+@patch_function("fsdp_device_id", on_cuda=True, waits_for="torch.distributed.fsdp")
 def patch_fsdp_device_id(target: Target, patcher: Patcher) -> None:
     """FSDP1 ``FullyShardedDataParallel(module, device_id=N | "cuda:N" | torch.device("cuda", N))``:
     the backend's device (``cpu`` on the CPU backend, which FSDP1 takes with gloo). On a
     PrivateUse1 backend, FSDP1's move of the module's parameters and buffers to that device
     swaps their contents (``torch.utils.swap_tensors``, as ``Module._apply`` does there): a
     PrivateUse1 tensor cannot take over a CPU tensor's ``.data``."""
-    if not torch.distributed.is_available():
-        return
     from torch.distributed.fsdp import FullyShardedDataParallel, _init_utils
 
     def edit(values: dict) -> None:

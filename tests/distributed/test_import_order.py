@@ -1,0 +1,71 @@
+"""The order of imports does not matter: FSDP1 (device_id), FSDP2 with DCP and tensor parallelism
+(DTensor on a 2-D device mesh) train the same with torch.distributed's optional modules imported
+before activation, after it, after a re-activation, and after a deactivation (then checked
+untouched) followed by a new activation. Each client runs unchanged with 2 processes under
+torchrun through ``clients/import_order.py``, which activates with ``ft.auto_select_backend()``,
+against the same client run plainly with gloo on CPU tensors.
+
+The patches of those modules wait for the program's import (``waits_for``); each run prints
+which patches still wait once the order is set up, proving which order it really ran.
+"""
+from __future__ import annotations
+
+import ast
+import concurrent.futures
+import sys
+
+import pytest
+
+from tests.distributed.test_real_clients import CLIENTS, _run, _torchrun, assert_trained_like, records
+
+ORDER = str(CLIENTS / "import_order.py")
+#: client -> extra arguments before the output folder
+CLIENT_ARGS = {"fsdp1_device_id": [], "fsdp2_dcp": ["{out}/ckpt"], "tensor_parallel": []}
+#: (order, backend) runs of every client; "after" under the launcher is test_real_clients' case
+RUNS = [("before", "sim"), ("after", "sim"), ("reactivated", "sim"), ("deactivated", "sim"),
+        ("before", "cpu"), ("deactivated", "cpu")]
+#: the patches still waiting once the order is set up: none when the modules came first
+WAITING = {"before": [], "deactivated": [], "after": ["fsdp_device_id"], "reactivated": ["fsdp_device_id"]}
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("orders")
+    jobs = {}
+    for client, extra in CLIENT_ARGS.items():
+        script = str(CLIENTS / f"{client}.py")
+        for order, backend in [("ref", "cpu"), *RUNS]:
+            folder = root / f"{client}.{order}.{backend}"
+            folder.mkdir()
+            args = [a.format(out=folder) for a in extra] + [str(folder)]
+            if order == "ref":
+                argv = _torchrun(script, *args, "--cpu")
+                jobs[(client, order, backend)] = (lambda argv=argv: _run(argv), folder)
+            else:
+                argv = _torchrun(ORDER, order, script, *args)
+                jobs[(client, order, backend)] = (
+                    lambda argv=argv, backend=backend: _run(argv, env={"FL_BACKEND": backend}), folder)
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        futures = {key: pool.submit(job) for key, (job, _) in jobs.items()}
+        return {"|".join(key): (futures[key].result(), folder) for key, (_, folder) in jobs.items()}
+
+
+def _waiting(proc) -> list:
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("import_order ")]
+    assert len(lines) == 2, proc.stdout[-2000:] + proc.stderr[-3000:]  # one per rank
+    return [ast.literal_eval(line.split("waiting for the import of ", 1)[1]) for line in lines]
+
+
+@pytest.mark.parametrize("order, backend", RUNS)
+@pytest.mark.parametrize("client", list(CLIENT_ARGS))
+def test_client_trains_the_same_whatever_the_import_order(runs, client, order, backend):
+    name = f"{client}|{order}|{backend}"
+    got = records(runs, name, client)
+    ref = records(runs, f"{client}|ref|cpu", client)
+    assert_trained_like(got, ref, exact=backend == "cpu", what=f"{client} {order} on {backend}")
+    for rank in (0, 1):
+        device = got[rank].get("param_device", got[rank]["device"])
+        assert device == ("cpu" if backend == "cpu" else f"sim:{rank}"), device
+    proc, _ = runs[name]
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert _waiting(proc) == [WAITING[order]] * 2

@@ -1,0 +1,73 @@
+"""Start-up cost: activation imports only what it patches. On the cpu backend the modules that
+import + activation add to ``sys.modules`` beyond ``import torch`` are the package's own and a
+short named list, none of torch.distributed's optional parts (their patches wait for the
+program's import). benchmarks/startup.py measures what this costs in time and memory."""
+from __future__ import annotations
+
+import json
+
+from tests.helpers import run_python
+
+#: what activation on the cpu backend imports that ``import torch`` does not (besides the
+#: package's own modules): torch's list of device constructors, which the factories patch reads
+ADDED_ON_CPU = ["torch.utils._device"]
+
+CODE = r'''
+import json, sys
+import torch
+before = set(sys.modules)
+import flagos_torchfl as ft
+ft.auto_select_backend()
+added = sorted(set(sys.modules) - before)
+print(json.dumps({"added": added, "backend": ft.current_backend().backend}))
+'''
+
+
+def test_activation_on_cpu_adds_a_short_named_list_of_modules():
+    proc = run_python(["-c", CODE], env={"FL_BACKEND": "cpu"})
+    assert proc.returncode == 0, proc.stderr
+    found = json.loads(proc.stdout)
+    assert found["backend"] == "cpu"
+    foreign = [m for m in found["added"] if m != "flagos_torchfl" and not m.startswith("flagos_torchfl.")]
+    assert foreign == ADDED_ON_CPU
+    assert not [m for m in found["added"] if m.startswith("torch.distributed")]
+
+
+LATER = r'''
+import json
+import torch
+import flagos_torchfl as ft
+from flagos_torchfl import redirect
+ft.auto_select_backend()
+waiting = redirect.waiting_patches()
+import torch.distributed.fsdp
+print(json.dumps({"waiting": waiting, "then": redirect.waiting_patches(), "last": redirect.active_patches()[-1]}))
+'''
+
+
+def test_distributed_modules_imported_by_the_program_are_patched_there():
+    """The other half of the bargain: the FSDP1 patch, not applied at activation, is applied
+    when the program imports FSDP (every order: tests/redirect/test_import_order.py)."""
+    proc = run_python(["-c", LATER], env={"FL_BACKEND": "cpu"})
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout) == {"waiting": ["fsdp_device_id"], "then": [], "last": "fsdp_device_id"}
+
+
+PROGRAM = r'''
+import json, sys
+import torch
+print(json.dumps(sorted(sys.modules)))
+'''
+
+
+def test_run_adds_the_same_short_list(tmp_path):
+    """``python -m flagos_torchfl run program.py`` against ``python program.py``: the launcher
+    imports its own command and the package, no other command's modules, nothing more of torch."""
+    script = tmp_path / "program.py"
+    script.write_text(PROGRAM)
+    plain = run_python([str(script)], env={"FL_BACKEND": "cpu"})
+    launched = run_python(["-m", "flagos_torchfl", "run", str(script)], env={"FL_BACKEND": "cpu"})
+    assert plain.returncode == 0 and launched.returncode == 0, plain.stderr + launched.stderr
+    added = set(json.loads(launched.stdout)) - set(json.loads(plain.stdout))
+    assert sorted(m for m in added if m.split(".")[0] != "flagos_torchfl") == ADDED_ON_CPU
+    assert not {"flagos_torchfl.cli.detect", "flagos_torchfl.cli.ops", "flagos_torchfl.routing.plan"} & added
