@@ -46,7 +46,11 @@ def test_patch_list_is_ordered_and_named(cpu_backend):
     names = [p.name for p in patches.REGISTRY]
     assert names[:3] == ["device_context", "generator", "factories"]
     assert names.index("torch_cuda") < names.index("autocast") < names.index("load_locations")
-    assert redirect.active_patches() == names
+    applied, waiting = redirect.active_patches(), redirect.waiting_patches()
+    assert sorted(applied + waiting, key=names.index) == names  # each patch applied or waiting
+    assert applied == [n for n in names if n not in waiting]  # in registry order
+    waits_for = {p.name: p.waits_for for p in patches.REGISTRY}
+    assert all(waits_for[n] and waits_for[n] not in sys.modules for n in waiting)
     assert all(p.apply.__doc__ for p in patches.REGISTRY)
 
 

@@ -25,13 +25,13 @@ from .patches import REGISTRY, Patch, Patcher
 from .shims import find_shim, refuse_if_shimmed
 
 __all__ = [
-    "activate", "apply", "active_patches", "patches_for", "DeviceOrdinalError", "Target",
+    "activate", "apply", "active_patches", "waiting_patches", "patches_for", "DeviceOrdinalError", "Target",
     "find_shim", "REGISTRY",
 ]
 
 log = get_logger("redirect")
 _lock = threading.RLock()
-_active: Optional[Tuple[Tuple[Any, ...], Patcher, List[str]]] = None
+_active: Optional[Tuple[Tuple[Any, ...], Patcher, List[str], List[str]]] = None
 
 
 def patches_for(target: Target) -> List[Patch]:
@@ -43,7 +43,8 @@ def patches_for(target: Target) -> List[Patch]:
 
 
 def active_patches() -> List[str]:
-    """Names of the patches now applied (empty when the layer is inactive)."""
+    """Names of the patches now applied, in the order they were (empty when the layer is
+    inactive); see :func:`waiting_patches` for those not yet applied."""
     with _lock:
         return list(_active[2]) if _active else []
 
@@ -75,19 +76,20 @@ def apply(target: Target) -> Callable[[], None]:
         factories.device_constructors()  # torch caches its list: read it before any patch
         patcher = Patcher()
         applied: List[str] = []
+        waiting: List[str] = []
         for patch in patches_for(target):
             try:
-                patch.apply(target, patcher)
+                _apply_one(patch, target, patcher, applied, waiting)
             except BaseException as exc:
                 patcher.undo()
                 raise ActivationError(
                     f"redirect patch {patch.name!r} failed ({type(exc).__name__}: {exc}); "
                     "nothing was changed"
                 ) from exc
-            applied.append(patch.name)
-        _active = (key, patcher, applied)
-        if applied:
-            log.info("redirect active for %s: %s", target.backend, ", ".join(applied))
+        _active = (key, patcher, applied, waiting)
+        if applied or waiting:
+            log.info("redirect active for %s: %s; applied when their module is imported: %s",
+                     target.backend, ", ".join(applied), ", ".join(waiting) or "none")
         else:
             log.info("redirect: backend %s is CUDA itself; nothing to redirect", target.backend)
 
@@ -95,6 +97,28 @@ def apply(target: Target) -> Callable[[], None]:
             _undo(patcher)
 
         return undo
+
+
+def _apply_one(patch: Patch, target: Target, patcher: Patcher, applied: List[str], waiting: List[str]) -> None:
+    """Apply ``patch`` now, or (``waits_for``) once the program has imported its module: then
+    its name moves from ``waiting`` to ``applied``."""
+    def run(module: Any = None) -> None:
+        if patch.name in waiting:
+            waiting.remove(patch.name)
+        patch.apply(target, patcher)
+        applied.append(patch.name)
+
+    if patch.waits_for is None:
+        run()
+    elif not patcher.when_imported(patch.waits_for, run, patch.name):
+        waiting.append(patch.name)
+
+
+def waiting_patches() -> List[str]:
+    """Names of the patches that wait for the program to import their module (empty when the
+    layer is inactive)."""
+    with _lock:
+        return list(_active[3]) if _active else []
 
 
 def _undo(patcher: Patcher) -> None:

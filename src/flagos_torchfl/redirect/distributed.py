@@ -4,9 +4,13 @@ and ``DistributedDataParallel(device_ids=[N], output_device=N)`` and ``barrier(d
 address the backend's device.
 
 ``dist.get_backend()`` stays truthful: it names the library really in use (``gloo``, ``hccl``...).
+
+Activation imports none of ``torch.distributed``'s optional parts: the mesh and FSDP1 patches
+wait for their modules (``waits_for``) and apply when the program imports them.
 """
 from __future__ import annotations
 
+import sys
 from typing import Any, Optional
 
 import torch
@@ -128,27 +132,30 @@ def patch_barrier(target: Target, patcher: Patcher) -> None:
     patcher.replace_in((c10d, dist), "barrier", original, with_edited_arguments(original, edit))
 
 
-@patch_function("device_mesh", on_cuda=True)
+#: modules that take ``init_device_mesh`` by name from ``torch.distributed.device_mesh``; those
+#: imported after the patch take the patched function (and get the original back on undo)
+_MESH_OWNERS = ("torch.distributed.device_mesh", "torch.distributed", "torch.distributed.tensor",
+                "torch.distributed.fsdp._fully_shard._fsdp_init")
+
+
+@patch_function("device_mesh", on_cuda=True, waits_for="torch.distributed.device_mesh")
 def patch_device_mesh(target: Target, patcher: Patcher) -> None:
     """``init_device_mesh("cuda", ...)`` and ``DeviceMesh("cuda", ...)``: a mesh of the
     backend's device type (FSDP2, DTensor and tensor parallelism take their device from it)."""
     if not torch.distributed.is_available():
         return
-    import importlib
-
     from torch.distributed import device_mesh
 
     def edit(values: dict) -> None:
         values["device_type"] = target.translate_type(values["device_type"])
 
     original = device_mesh.init_device_mesh
-    owners = [importlib.import_module(name) for name in
-              ("torch.distributed.device_mesh", "torch.distributed", "torch.distributed.tensor")]
+    owners = [sys.modules.get(name) for name in _MESH_OWNERS]
     patcher.replace_in(owners, "init_device_mesh", original, with_edited_arguments(original, edit))
     patcher.wrap_arguments(device_mesh.DeviceMesh, "__init__", edit)
 
 
-@patch_function("fsdp_device_id", on_cuda=True)
+@patch_function("fsdp_device_id", on_cuda=True, waits_for="torch.distributed.fsdp")
 def patch_fsdp_device_id(target: Target, patcher: Patcher) -> None:
     """FSDP1 ``FullyShardedDataParallel(module, device_id=N | "cuda:N" | torch.device("cuda", N))``:
     the backend's device (``cpu`` on the CPU backend, which FSDP1 takes with gloo). On a

@@ -6,45 +6,146 @@ before (an attribute of a module or class, a dict entry, a module's class), so t
 :meth:`Patcher.undo` puts back exactly the original objects, in reverse order.
 
 Patches run in registration order; the families register in the order ``redirect/__init__``
-imports them.
+imports them. A patch of a module that ``import torch`` does not import declares it
+(``waits_for="torch.distributed.fsdp"``): activation applies it at once when the program has
+already imported that module, else :meth:`Patcher.when_imported` applies it the moment the
+program's import of it has finished executing (an :class:`ImportHook` on ``sys.meta_path``).
+Activation therefore imports nothing the program has not.
 """
 from __future__ import annotations
 
 import dataclasses
 import functools
 import inspect
+import sys
+import threading
 import types
-from typing import Any, Callable, Iterable, List, Tuple
+import warnings
+from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
+
+from ..log import get_logger
 
 _MISSING = object()
+log = get_logger("redirect")
 
 
 @dataclasses.dataclass(frozen=True)
 class Patch:
     """One named patch. ``on_cuda``: also needed when the backend *is* CUDA (NVIDIA or ROCm)
-    but ``gpu_ids`` renumbers devices; otherwise a CUDA backend skips it."""
+    but ``gpu_ids`` renumbers devices; otherwise a CUDA backend skips it. ``waits_for``: the
+    module it patches, applied when the program imports it (None: applied at activation)."""
 
     name: str
     apply: Callable[[Any, "Patcher"], None]
     on_cuda: bool
+    waits_for: Optional[str] = None
 
 
 REGISTRY: List[Patch] = []
 
 
-def patch_function(name: str, on_cuda: bool = False) -> Callable:
+def patch_function(name: str, on_cuda: bool = False, waits_for: Optional[str] = None) -> Callable:
     """Register the decorated ``fn(target, patcher)`` as the next patch called ``name``.
 
-    Names are unique; registering a name twice raises ValueError.
+    ``waits_for`` names the module (dotted, e.g. ``"torch.distributed.fsdp"``) the patch
+    changes: the patch runs at activation if that module is already imported, otherwise when
+    the program imports it; it may import nothing that module did not. Names are unique;
+    registering a name twice, or a ``waits_for`` that is not a dotted module name, raises
+    ValueError.
     """
+    if waits_for is not None and not (isinstance(waits_for, str) and all(
+            part.isidentifier() for part in waits_for.split("."))):
+        raise ValueError(f"redirect patch {name!r}: waits_for must be a dotted module name, not {waits_for!r}")
 
     def register(fn: Callable[[Any, "Patcher"], None]) -> Callable[[Any, "Patcher"], None]:
         if any(p.name == name for p in REGISTRY):
             raise ValueError(f"redirect patch {name!r} is registered twice")
-        REGISTRY.append(Patch(name, fn, on_cuda))
+        REGISTRY.append(Patch(name, fn, on_cuda, waits_for))
         return fn
 
     return register
+
+
+def imported(name: str) -> Optional[types.ModuleType]:
+    """The module ``name`` if the program has imported it and it has finished executing."""
+    module = sys.modules.get(name)
+    spec = getattr(module, "__spec__", None)
+    if module is None or getattr(spec, "_initializing", False):
+        return None
+    return module
+
+
+class ImportHook:
+    """A ``sys.meta_path`` finder that calls ``callback(module)`` once the module ``name`` it
+    waits for has been imported and has finished executing, before the importer receives it.
+
+    It finds nothing itself: it asks the finders after it for the module's spec and wraps its
+    loader (the module keeps its own loader once it runs). Every other import costs one dict
+    lookup. :meth:`remove` takes it off ``sys.meta_path`` and drops every callback not yet
+    called, including one whose module is being imported at that moment.
+    """
+
+    def __init__(self) -> None:
+        self._waiting: Dict[str, List[Callable[[types.ModuleType], None]]] = {}
+        self._lock = threading.RLock()
+        self._installed = False
+
+    def wait_for(self, name: str, callback: Callable[[types.ModuleType], None]) -> None:
+        """Call ``callback(module)`` when ``name`` has been imported (installs the hook)."""
+        with self._lock:
+            self._waiting.setdefault(name, []).append(callback)
+            if not self._installed:
+                sys.meta_path.insert(0, self)
+                self._installed = True
+
+    def waiting(self) -> List[str]:
+        """Names of the modules still waited for."""
+        with self._lock:
+            return list(self._waiting)
+
+    def remove(self) -> None:
+        """Stop waiting: nothing is called for a module imported from now on."""
+        with self._lock:
+            self._waiting.clear()
+            if self._installed:
+                try:
+                    sys.meta_path.remove(self)
+                except ValueError:  # taken off by someone else (a test resetting meta_path)
+                    pass
+                self._installed = False
+
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
+        if fullname not in self._waiting:
+            return None
+        for finder in list(sys.meta_path):
+            find = getattr(finder, "find_spec", None) if finder is not self else None
+            spec = find(fullname, path, target) if find is not None else None
+            if spec is not None:
+                if spec.loader is not None and hasattr(spec.loader, "exec_module"):
+                    spec.loader = _LoaderThenCall(spec.loader, self)
+                return spec
+        return None
+
+    def _executed(self, module: types.ModuleType) -> None:
+        with self._lock:
+            callbacks = self._waiting.pop(module.__name__, [])
+        for callback in callbacks:
+            callback(module)
+
+
+class _LoaderThenCall:
+    """Loads a module with its own loader, then hands it to the hook's callbacks."""
+
+    def __init__(self, loader: Any, hook: ImportHook) -> None:
+        self._loader, self._hook = loader, hook
+
+    def create_module(self, spec: Any) -> Optional[types.ModuleType]:
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module: types.ModuleType) -> None:
+        module.__spec__.loader = module.__loader__ = self._loader
+        self._loader.exec_module(module)
+        self._hook._executed(module)
 
 
 class Patcher:
@@ -56,6 +157,51 @@ class Patcher:
 
     def __init__(self) -> None:
         self._log: List[Tuple[str, Any, Any, Any]] = []
+        self._rebound: List[Tuple[str, Any, Any]] = []
+        self._hook: Optional[ImportHook] = None
+        self._lock = threading.RLock()
+
+    def when_imported(self, module: str, change: Callable[[types.ModuleType], None], label: str) -> bool:
+        """Run ``change(module object)`` now if ``module`` has been imported, else when the
+        program imports it; returns True if it ran now. ``label`` names the change in errors.
+
+        A change run now raises what it raises (the caller undoes everything). A change run at
+        the program's import that raises is undone alone and reported as a RuntimeWarning; the
+        import itself succeeds, with the module as torch defines it. After :meth:`undo` nothing
+        runs any more.
+        """
+        found = imported(module)
+        if found is not None:
+            change(found)
+            return True
+        with self._lock:
+            if self._hook is None:
+                self._hook = ImportHook()
+            self._hook.wait_for(module, lambda loaded: self._run_at_import(loaded, change, label))
+        return False
+
+    def waiting(self) -> List[str]:
+        """Modules that changes still wait for (in no particular order)."""
+        with self._lock:
+            return self._hook.waiting() if self._hook is not None else []
+
+    def _run_at_import(self, module: types.ModuleType, change: Callable, label: str) -> None:
+        with self._lock:
+            if self._hook is None:  # undone while the module was being imported
+                return
+            mark, rebound = len(self._log), len(self._rebound)
+            try:
+                change(module)
+                log.info("redirect patch %s applied as %s was imported", label, module.__name__)
+            except Exception as exc:
+                del self._rebound[rebound:]
+                try:
+                    self._undo_to(mark)
+                finally:
+                    message = (f"flagos_torchfl: redirect patch {label!r} of {module.__name__} failed "
+                               f"({type(exc).__name__}: {exc}); {module.__name__} is left as torch defines it")
+                    log.error("%s", message)
+                    warnings.warn(message, RuntimeWarning, stacklevel=2)
 
     def setattr(self, owner: Any, name: str, value: Any) -> Any:
         """Set ``owner.name = value`` (a module or class); return the value seen before.
@@ -87,7 +233,11 @@ class Patcher:
 
     def replace_in(self, owners: Iterable[Any], name: str, original: Any, replacement: Any) -> None:
         """Set ``owner.name = replacement`` on each of ``owners`` (modules; None is skipped) that
-        still holds ``original``: the modules that took a function by name at import."""
+        still holds ``original``: the modules that took a function by name at import.
+
+        A module imported while the replacement is in place takes it by name; :meth:`undo`
+        gives every module in ``sys.modules`` that holds it as ``name`` the original back."""
+        self._rebound.append((name, original, replacement))
         for owner in owners:
             if getattr(owner, name, None) is original:
                 self.setattr(owner, name, replacement)
@@ -97,10 +247,22 @@ class Patcher:
         return self.wrap(owner, name, lambda original: with_edited_arguments(original, edit))
 
     def undo(self) -> None:
-        """Restore every recorded change, newest first; a change that cannot be restored does
-        not stop the others (RuntimeError listing those that failed, at the end)."""
+        """Stop waiting for imports, then restore every recorded change, newest first; a change
+        that cannot be restored does not stop the others (RuntimeError listing those that
+        failed, at the end)."""
+        with self._lock:
+            if self._hook is not None:
+                self._hook.remove()
+                self._hook = None
+            rebound, self._rebound = self._rebound, []
+            try:
+                self._undo_to(0)
+            finally:
+                _unbind(rebound)
+
+    def _undo_to(self, mark: int) -> None:
         failed = []
-        while self._log:
+        while len(self._log) > mark:
             entry = self._log.pop()
             try:
                 _restore(*entry)
@@ -126,6 +288,19 @@ def with_edited_arguments(original: Callable, edit: Callable[[dict], None]) -> C
         return original(*bound.args, **bound.kwargs)
 
     return wrapper
+
+
+def _unbind(rebound: List[Tuple[str, Any, Any]]) -> None:
+    """Give every imported module that holds a replacement as ``name`` its original back."""
+    if not rebound:
+        return
+    for module in list(sys.modules.values()):
+        namespace = getattr(module, "__dict__", None)
+        if not isinstance(namespace, dict):
+            continue
+        for name, original, replacement in rebound:
+            if namespace.get(name) is replacement:
+                namespace[name] = original
 
 
 def _restore(kind: str, owner: Any, key: Any, old: Any) -> None:
