@@ -134,11 +134,14 @@ class Target:
 
         Accepts ``"cuda"``, ``"cuda:N"``, ``torch.device("cuda"[, N])`` and bare ints (callers
         pass ints only where PyTorch reads them as devices). ``"cuda"`` without an index means
-        the current device, as in CUDA. Out-of-range indices raise DeviceOrdinalError.
+        the current device, as in CUDA, and so does the backend's own device type without one
+        (``"sim"``, as DeepSpeed's ``tensor.to(accelerator.device_name())`` names it): what a
+        chip's C++ device guard does, which the sim's cannot. Out-of-range indices raise
+        DeviceOrdinalError.
         """
         cls = value.__class__
         if cls is str:
-            if value == "cuda":
+            if value == "cuda" or value == self.device_type:
                 return self._unindexed()
             if value.startswith("cuda:"):
                 rest = value[5:]
@@ -147,7 +150,7 @@ class Target:
             return value
         if cls is torch.device:
             if value.type != "cuda":
-                return value
+                return self._unindexed() if value.type == self.device_type and value.index is None else value
             return self._unindexed() if value.index is None else self.device_for(value.index)
         if cls is int:
             return self.device_for(value)
