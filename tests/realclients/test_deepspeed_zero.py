@@ -22,12 +22,18 @@ def _port() -> int:
         return s.getsockname()[1]
 
 
-def _zero(backend: str, stage: int) -> dict:
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
-                f"--master_port={_port()}", client("deepspeed_zero.py"), str(stage)]
-    proc = run_launched(["--", *torchrun], env={"FL_BACKEND": backend, "OMP_NUM_THREADS": "1"},
-                        timeout=500)
-    return by_rank(records(proc, "deepspeed"))
+_RUNS: dict = {}
+
+
+def _zero(backend: str, stage: int, profile: str = "") -> dict:
+    """Each rank's record of the client under the launcher (run once per arguments)."""
+    key = (backend, stage, profile)
+    if key not in _RUNS:
+        torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
+                    f"--master_port={_port()}", client("deepspeed_zero.py"), str(stage)]
+        env = {"FL_BACKEND": backend, "OMP_NUM_THREADS": "1", **({"FL_SIM_PROFILE": profile} if profile else {})}
+        _RUNS[key] = by_rank(records(run_launched(["--", *torchrun], env=env, timeout=500), "deepspeed"))
+    return _RUNS[key]
 
 
 @pytest.fixture(scope="module", params=[2, 3], ids=["zero2", "zero3"])
@@ -57,3 +63,14 @@ def test_zero_trains_on_sim_like_the_cpu_backend(runs):
         assert got["partition_devices"] == ([device] if stage == 3 else [])
         assert got["losses"] == pytest.approx(cpu[rank]["losses"], rel=2e-2)
         assert got["losses"][-1] < got["losses"][0]
+
+
+def test_zero2_on_the_ascend_profile_uses_its_device_and_collective():
+    cpu, npu = _zero("cpu", 2), _zero("sim", 2, profile="ascend")
+    assert sorted(npu) == [0, 1]
+    for rank, got in npu.items():
+        device = f"npu:{rank}"
+        assert (got["accelerator"], got["backend"]) == ("npu", "hccl")
+        assert got["engine_device"] == device and got["param_devices"] == [device]
+        assert got["input_devices"] == [device]
+        assert got["losses"] == pytest.approx(cpu[rank]["losses"], rel=2e-2)
