@@ -12,6 +12,7 @@ TARGETS = [
     ("diffusers", "StableDiffusionPipeline", "diffusers"),
     ("bitsandbytes", None, "bitsandbytes"),
     ("torchmetrics", "Accuracy", "torchmetrics"),
+    ("deepspeed", "initialize", "deepspeed"),
     ("torch.testing._internal.common_methods_invocations", "op_db", "expecttest"),
 ]
 

@@ -111,6 +111,9 @@ class Backend:
     #: whether process groups and DDP are bound to one device (False: ``device_id`` / DDP
     #: ``device_ids`` are dropped, as for CPU modules)
     binds_process_group_device: bool = True
+    #: whether DeepSpeed gets its accelerator from this package (where DeepSpeed has none of its
+    #: own for the chip); False: DeepSpeed's own detection picks it (torch_npu, torch_mlu, CUDA)
+    provides_deepspeed_accelerator: bool = False
     #: whether operators can be missing here (False: the chip runs every ATen operator)
     routes_operators: bool = True
     #: kernel libraries (provider names, e.g. ``"flaggems"``) that may serve this chip

@@ -60,6 +60,7 @@ class CpuBackend(Backend):
     pins_memory = False  # no device to pin host memory for
     binds_process_group_device = False
     routes_operators = False  # the host runs every operator PyTorch has
+    provides_deepspeed_accelerator = True  # DeepSpeed's CPU accelerator knows no logical devices
 
     def load_runtime(self, timeout):
         import torch

@@ -38,6 +38,11 @@ from .standins import unserved
 _active: Dict[str, Any] = {"facade": None, "backends_cuda": None}
 
 
+def active_facade() -> Any:
+    """The :class:`~.cuda_facade.CudaFacade` answering ``torch.cuda`` now (None when inactive)."""
+    return _active["facade"]
+
+
 class _FacadeModule(types.ModuleType):
     """The class ``torch.cuda`` wears while the facade is active."""
 

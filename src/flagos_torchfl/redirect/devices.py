@@ -63,6 +63,9 @@ class Target:
         self.remaps = self.devices != tuple(range(len(self.devices)))
         self._tls = threading.local()
         self._by_logical = tuple(chip.torch_device(i) for i in self.devices)
+        # the backend's own device type without an index names the current device where devices
+        # have indices (None where they have none: the host)
+        self._own_type = chip.device_type if self._by_logical[0].index is not None else None
 
     @property
     def backend(self) -> str:
@@ -134,12 +137,17 @@ class Target:
 
         Accepts ``"cuda"``, ``"cuda:N"``, ``torch.device("cuda"[, N])`` and bare ints (callers
         pass ints only where PyTorch reads them as devices). ``"cuda"`` without an index means
-        the current device, as in CUDA. Out-of-range indices raise DeviceOrdinalError.
+        the current device, as in CUDA; the backend's own device type without one (``"sim"``, as
+        DeepSpeed's ``tensor.to(accelerator.device_name())`` names it) means the device module's
+        current device, as a chip's C++ device guard resolves it (the sim's cannot). Out-of-range
+        indices raise DeviceOrdinalError.
         """
         cls = value.__class__
         if cls is str:
             if value == "cuda":
                 return self._unindexed()
+            if value == self._own_type:
+                return self._current_own()
             if value.startswith("cuda:"):
                 rest = value[5:]
                 if rest.isdigit() and rest.isascii():
@@ -147,7 +155,7 @@ class Target:
             return value
         if cls is torch.device:
             if value.type != "cuda":
-                return value
+                return self._current_own() if value.type == self._own_type and value.index is None else value
             return self._unindexed() if value.index is None else self.device_for(value.index)
         if cls is int:
             return self.device_for(value)
@@ -192,6 +200,11 @@ class Target:
             f"{self.device_type}:{physical} is not among the selected devices {list(self.devices)} "
             f"of backend {self.backend!r}"
         )
+
+    def _current_own(self) -> torch.device:
+        # the backend's own device type without an index: the device module's current device,
+        # as the chip's C++ device guard would resolve it
+        return torch.device(self._own_type, self.module.current_device())
 
     def _unindexed(self) -> torch.device:
         # "cuda" means the current device; it is named with its index, because a device type

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import threading
+import weakref
 
 import torch
 
@@ -81,38 +82,96 @@ def patch_module_to(target: Target, patcher: Patcher) -> None:
 
 @patch_function("module_tied_parameters")
 def patch_module_tied_parameters(target: Target, patcher: Patcher) -> None:
-    """On a PrivateUse1 backend (Ascend, Cambricon, Moore Threads, sim), ``Module.to``/``.cuda``
-    keep every parameter the same Python object: tied (shared) parameters stay tied, and an
-    optimizer built before the move (as the DDP tutorial builds it) still holds the model's
-    parameters.
+    """On a PrivateUse1 backend, ``Module.to``/``.cuda()``/``.half()`` keep each parameter the
+    same Python object wherever CUDA would (a move between the host and the chip, a dtype
+    change): tied parameters stay tied, and an optimizer built before the move (as the DDP
+    tutorial builds it) still holds the model's parameters.
 
-    A PrivateUse1 tensor cannot take over a CPU parameter's ``.data`` (PyTorch counts only CPU,
-    CUDA, HIP, MPS, XPU and HPU tensors as shallow-copy compatible), so ``Module._apply`` would
-    put a new Parameter in each module separately. The wrapped ``_apply`` runs with PyTorch's
-    ``swap_module_params_on_conversion`` on instead: each parameter swaps its contents with the
-    converted tensor (``torch.utils.swap_tensors``). Other backends are left alone."""
+    Where the chip's plugin declares its tensors shallow-copy compatible with CPU tensors
+    (torch_npu, torch_mlu and the sim do), PyTorch itself keeps the object (``param.data =
+    moved``) and this patch has nothing to do. Where it does not, ``Module._apply`` puts a new
+    Parameter in each module; the wrapped ``_apply`` then swaps the moved contents into the
+    original object (``torch.utils.swap_tensors``; its attributes stay), and where no swap is
+    possible (a weak reference to the parameter, another holder of its tensor) it keeps
+    PyTorch's new Parameter, shared by every module that held the original. It never raises
+    where PyTorch does not. Other backends, and programs that set ``torch.__future__``'s
+    overwrite or swap flag themselves, are left to PyTorch."""
     if target.chip.dispatch_key != "PrivateUse1":
         return
+    kinds = ("cpu", target.chip.device_type)
     future = torch.__future__
     local = threading.local()
 
     def make(original):
         @functools.wraps(original)
         def _apply(self, fn, recurse=True):
-            if getattr(local, "inside", False):
+            if future.get_overwrite_module_params_on_conversion() or \
+                    future.get_swap_module_params_on_conversion():
                 return original(self, fn, recurse)
-            before = future.get_swap_module_params_on_conversion()
-            local.inside = True
-            future.set_swap_module_params_on_conversion(True)
+            replaced = getattr(local, "replaced", None)
+            outermost = replaced is None
+            if outermost:
+                replaced = local.replaced = {}
             try:
-                return original(self, fn, recurse)
+                if recurse:
+                    for child in self.children():
+                        child._apply(fn)
+                _share_replacements(self, replaced)
+                before = dict(self._parameters)
+                original(self, fn, False)
+                _keep_originals(self, before, replaced, kinds)
+                return self
             finally:
-                future.set_swap_module_params_on_conversion(before)
-                local.inside = False
+                if outermost:
+                    local.replaced = None
 
         return _apply
 
     patcher.wrap(torch.nn.Module, "_apply", make)
+
+
+def _share_replacements(module: torch.nn.Module, replaced: dict) -> None:
+    """Give ``module`` the Parameter that replaced one of its parameters earlier in the same
+    move (a tied parameter whose original could not be kept)."""
+    for key, param in module._parameters.items():
+        entry = replaced.get(id(param)) if param is not None else None
+        if entry is not None and entry[0] is param:
+            module._parameters[key] = entry[1]
+
+
+def _keep_originals(module: torch.nn.Module, before: dict, replaced: dict, kinds: tuple) -> None:
+    """Where ``Module._apply`` put a new Parameter in ``module`` for a move CUDA makes in place
+    (dense tensors between the host and the chip), move its contents into the original object
+    instead; record each original that had to stay replaced."""
+    for key, old in before.items():
+        new = module._parameters.get(key)
+        if old is None or new is None or new is old:
+            continue
+        if _in_place_on_cuda(old, new, kinds) and _swap_contents(old, new):
+            module._parameters[key] = old
+        else:
+            replaced[id(old)] = (old, new)
+
+
+def _in_place_on_cuda(old: torch.Tensor, new: torch.Tensor, kinds: tuple) -> bool:
+    """Whether PyTorch on CUDA would have kept the Parameter: both dense, on the host or the chip."""
+    return all(t.device.type in kinds and t.layout == torch.strided and not t.is_quantized
+               and type(t) is type(old) for t in (old, new))
+
+
+def _swap_contents(old: torch.nn.Parameter, new: torch.nn.Parameter) -> bool:
+    """Give ``old`` the tensor (gradient included) of ``new`` and keep ``old``'s attributes;
+    False, with nothing changed, where ``torch.utils.swap_tensors`` cannot: a weak reference,
+    or another holder of either tensor (a live autograd graph, a C++ owner)."""
+    if weakref.getweakrefs(old) or weakref.getweakrefs(new) \
+            or old._use_count() != 1 or new._use_count() != 1:
+        return False
+    try:
+        torch.utils.swap_tensors(old, new)
+    except RuntimeError:
+        return False
+    old.__dict__, new.__dict__ = new.__dict__, old.__dict__
+    return True
 
 
 @patch_function("pin_memory")

@@ -146,10 +146,28 @@ def claim(num_devices: int, memory_limit: int | None, native: Iterable[str],
             "a PrivateUse1 device guard is already registered by another backend")
     library = torch.library.Library("aten", "IMPL")
     kernels.register(library, native)
+    _declare_shallow_copy_compatible(library)
     _keep_alive.extend([hooks, guard, library, _autocast_fallthrough()])
     torch.serialization.register_package(19, _sim_tag, _sim_restore)
     torch_patches.apply(num_devices)
     return device_module
+
+
+def _declare_shallow_copy_compatible(library: torch.library.Library) -> None:
+    """Declare dense sim and CPU tensors able to take over each other's ``.data``, as torch_npu
+    and torch_mlu declare for their devices: ``Module.to``/``.cuda()``/``.half()`` then keep
+    each Parameter object (``param.data = moved``), as on CUDA. Without it PyTorch counts a
+    PrivateUse1 tensor incompatible with a CPU one and puts a new Parameter in each module."""
+
+    def dense(tensor: torch.Tensor) -> bool:
+        return (tensor.device.type in ("cpu", runtime.DEVICE_TYPE) and tensor.layout == torch.strided
+                and not tensor.is_quantized and not tensor.is_nested)
+
+    def compatible(self: torch.Tensor, other: torch.Tensor) -> bool:
+        return dense(self) and dense(other)
+
+    for key in ("PrivateUse1", "AutogradPrivateUse1"):
+        library.impl("_has_compatible_shallow_copy_type", compatible, key)
 
 
 def _autocast_fallthrough() -> torch.library.Library | None:
