@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-import secrets
 import stat
 from typing import BinaryIO, Iterator, Tuple
 
@@ -86,7 +85,7 @@ def _create(directory: str, name: str) -> Tuple[int, str]:
     umask applies as it does to ``open(path, "wb")``."""
     import fcntl
     while True:
-        temporary = os.path.join(directory, f".{name}.{secrets.token_hex(4)}.tmp")
+        temporary = os.path.join(directory, f".{name}.{os.urandom(4).hex()}.tmp")
         try:
             fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _CLOEXEC, 0o666)
         except FileExistsError:

@@ -50,7 +50,8 @@ def test_distributed_modules_imported_by_the_program_are_patched_there():
     when the program imports FSDP (every order: tests/redirect/test_import_order.py)."""
     proc = run_python(["-c", LATER], env={"FL_BACKEND": "cpu"})
     assert proc.returncode == 0, proc.stderr
-    assert json.loads(proc.stdout) == {"waiting": ["fsdp_device_id"], "then": [], "last": "fsdp_device_id"}
+    assert json.loads(proc.stdout) == {"waiting": ["fsdp_device_id", "deepspeed_accelerator"],
+                                       "then": ["deepspeed_accelerator"], "last": "fsdp_device_id"}
 
 
 PROGRAM = r'''
