@@ -124,6 +124,8 @@ class _DeviceProperties:
         self.multi_processor_count = 1
         self.major = 0
         self.minor = 0
+        #: no GPU architecture: torch's Inductor reads it through ``torch.cuda`` to key its cache
+        self.gcnArchName = ""
 
     def __repr__(self) -> str:
         return (f"_SimDeviceProperties(name='{self.name}', index={self.index}, "
@@ -150,9 +152,16 @@ def is_bf16_supported(including_emulation: bool = True) -> bool:
 
 # -- random numbers ------------------------------------------------------------------------
 def __getattr__(name: str) -> Any:
-    """``default_generators``: every device's generator (:class:`runtime.SimGenerator`), by index."""
+    """``default_generators``: every device's generator (:class:`runtime.SimGenerator`), by index.
+    Inductor's request for ``Scheduling`` (and the other code generators of
+    :data:`.inductor.CODEGEN_NAMES`) registers the sim's Inductor backend
+    (:func:`.inductor.register_backend`); the attribute itself stays absent."""
     if name == "default_generators":
         return tuple(runtime.generator(i) for i in range(runtime.device_count()))
+    from . import inductor
+
+    if name in inductor.CODEGEN_NAMES:
+        inductor.register_backend()
     raise AttributeError(f"module 'torch.{runtime.DEVICE_TYPE}' has no attribute {name!r}")
 
 
