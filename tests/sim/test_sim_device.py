@@ -141,7 +141,9 @@ def test_torch_generator_on_sim_is_a_generator_of_that_device(sim):
     assert isinstance(gen, torch.Generator) and gen.device == torch.device("sim", 1)
     gen.manual_seed(4)
     drawn = torch.rand(3, device="sim:1", generator=gen)
-    assert torch.equal(drawn.cpu(), torch.rand(3, generator=torch.Generator().manual_seed(4)))
+    again = torch.rand(3, device="sim:1", generator=torch.Generator(device="sim:1").manual_seed(4))
+    assert torch.equal(drawn.cpu(), again.cpu())
+    assert gen.get_offset() == 4 and not torch.equal(drawn.cpu(), torch.rand(3, device="sim:1", generator=gen).cpu())
     assert torch.Generator().device == torch.device("cpu")
 
 
