@@ -124,8 +124,6 @@ class _DeviceProperties:
         self.multi_processor_count = 1
         self.major = 0
         self.minor = 0
-        #: no GPU architecture: torch's Inductor reads it through ``torch.cuda`` to key its cache
-        self.gcnArchName = ""
 
     def __repr__(self) -> str:
         return (f"_SimDeviceProperties(name='{self.name}', index={self.index}, "
