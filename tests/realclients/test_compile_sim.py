@@ -20,6 +20,8 @@ import pytest
 from tests.realclients.realclients import client, records, run_launched, skip_unless_installed
 
 TIMEOUT = 900
+#: the fixture's seven launches (about 6 minutes with the 2 cores shared) exceed the default limit
+pytestmark = pytest.mark.timeout(1800)
 BACKENDS = {"cpu": {"FL_BACKEND": "cpu"}, "sim": {"FL_BACKEND": "sim"},
             "ascend": {"FL_BACKEND": "sim", "FL_SIM_PROFILE": "ascend"}}
 JOBS = {f"nanogpt.{name}": ("nanogpt_train.py", env) for name, env in BACKENDS.items()}
