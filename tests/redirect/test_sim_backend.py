@@ -111,8 +111,9 @@ def test_device_generators_on_sim(sim_backend):
     gen.manual_seed(7)
     assert isinstance(gen, torch.Generator) and gen.device == torch.device("sim", 0)
     drawn = torch.randn(5, device="cuda", generator=gen)
-    reference = torch.Generator().manual_seed(7)
-    assert drawn.device.type == "sim" and torch.equal(drawn.cpu(), torch.randn(5, generator=reference))
+    reference = torch.Generator("cuda").manual_seed(7)
+    assert drawn.device.type == "sim" and torch.equal(drawn.cpu(), torch.randn(5, device="cuda", generator=reference).cpu())
+    assert gen.get_state().numel() == 16 and gen.get_offset() == 8
     torch.cuda.manual_seed(3)
     first = torch.rand(4, device="cuda")
     torch.cuda.manual_seed(3)

@@ -141,7 +141,9 @@ def test_torch_generator_on_sim_is_a_generator_of_that_device(sim):
     assert isinstance(gen, torch.Generator) and gen.device == torch.device("sim", 1)
     gen.manual_seed(4)
     drawn = torch.rand(3, device="sim:1", generator=gen)
-    assert torch.equal(drawn.cpu(), torch.rand(3, generator=torch.Generator().manual_seed(4)))
+    again = torch.rand(3, device="sim:1", generator=torch.Generator(device="sim:1").manual_seed(4))
+    assert torch.equal(drawn.cpu(), again.cpu())
+    assert gen.get_offset() == 4 and not torch.equal(drawn.cpu(), torch.rand(3, device="sim:1", generator=gen).cpu())
     assert torch.Generator().device == torch.device("cpu")
 
 
@@ -190,3 +192,24 @@ def test_autocast_and_grad_scaler_construct(sim):
     assert y.cpu().tolist() == [[2, 2], [2, 2]]
     scaler = torch.amp.GradScaler("sim", init_scale=4.0)
     assert scaler.scale(torch.ones(1, device="sim")).cpu().item() == 4.0
+
+
+def test_generator_state_is_seed_and_offset_as_on_an_accelerator(sim):
+    from torch.distributed.tensor._random import _PhiloxState
+
+    sim.manual_seed(11)
+    state = _PhiloxState(sim.get_rng_state())
+    assert state.state.numel() == 16 and state.seed.item() == 11 and state.offset.item() == 0
+    first = torch.rand(5, device="sim").cpu()
+    assert _PhiloxState(sim.get_rng_state()).offset.item() == 8  # 5 values, rounded up to 4
+    state.offset = state.offset + 8  # what DTensor does to give a shard its own stream
+    sim.set_rng_state(state.state)
+    shifted = torch.rand(5, device="sim").cpu()
+    state.offset = torch.tensor([8])
+    sim.set_rng_state(state.state)
+    assert torch.equal(shifted, torch.rand(5, device="sim").cpu()) and not torch.equal(first, shifted)
+    with pytest.raises(RuntimeError, match="16 uint8 values"):
+        sim.set_rng_state(torch.get_rng_state())
+    state.offset = torch.tensor([6])
+    with pytest.raises(RuntimeError, match="multiple of 4"):
+        sim.set_rng_state(state.state)

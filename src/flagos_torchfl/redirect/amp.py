@@ -53,9 +53,14 @@ def patch_grad_scaler(target: Target, patcher: Patcher) -> None:
 def patch_autocast_queries(target: Target, patcher: Patcher) -> None:
     """``torch.is_autocast_enabled("cuda")`` (and with no argument), ``torch.get_autocast_dtype("cuda")``
     and the input casts of ``torch.amp.custom_fwd(device_type="cuda", cast_inputs=...)`` answer
-    for the backend's device type, so code that checks them sees the autocast that is active."""
+    for the backend's device type, so code that checks them sees the autocast that is active.
+    The setters ``torch.set_autocast_enabled("cuda", ...)`` and ``torch.set_autocast_dtype("cuda",
+    ...)`` set what those queries read: code that saves an answer and restores it later
+    (``torch.compile`` does, for every tracing) restores the state it read, never another device
+    type's."""
     mode = torch.amp.autocast_mode
     real_enabled, real_dtype, real_cast = torch.is_autocast_enabled, torch.get_autocast_dtype, mode._cast
+    real_set_enabled, real_set_dtype = torch.set_autocast_enabled, torch.set_autocast_dtype
 
     def is_autocast_enabled(device_type=None):
         return real_enabled(target.device_type if device_type is None else target.translate_type(device_type))
@@ -63,9 +68,19 @@ def patch_autocast_queries(target: Target, patcher: Patcher) -> None:
     def get_autocast_dtype(device_type):
         return real_dtype(target.translate_type(device_type))
 
+    def set_autocast_enabled(device_type, enabled=None):
+        if enabled is None:  # the one-argument form, which means CUDA, as is_autocast_enabled()
+            return real_set_enabled(target.device_type, device_type)
+        return real_set_enabled(target.translate_type(device_type), enabled)
+
+    def set_autocast_dtype(device_type, dtype):
+        return real_set_dtype(target.translate_type(device_type), dtype)
+
     def _cast(value, device_type, dtype):
         return real_cast(value, target.translate_type(device_type), dtype)
 
     patcher.setattr(torch, "is_autocast_enabled", is_autocast_enabled)
     patcher.setattr(torch, "get_autocast_dtype", get_autocast_dtype)
+    patcher.setattr(torch, "set_autocast_enabled", set_autocast_enabled)
+    patcher.setattr(torch, "set_autocast_dtype", set_autocast_dtype)
     patcher.setattr(mode, "_cast", _cast)

@@ -9,6 +9,7 @@ is the honest equivalent, documented per function. Device arguments are logical 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import sys
 import types
 from typing import Any, Callable, Dict, Iterable
@@ -49,6 +50,35 @@ def _legacy_type(name: str, dtype: torch.dtype, target: Target) -> type:
         return cpu_type(*args, **kwargs).to(target.translate("cuda"))
 
     return _Meta(name, (), {"__new__": __new__, "dtype": dtype, "__module__": "torch.cuda"})
+
+
+class CudaFields:
+    """A chip's device properties read through ``torch.cuda``: the chip's own attributes, and for
+    the fields of CUDA's properties it lacks, :class:`DeviceProperties`' defaults. torch itself
+    reads them there (Inductor keys its cache on ``torch.cuda.get_device_properties().gcnArchName``
+    when ``torch.version.cuda`` is None), so a missing field would fail ``torch.compile``."""
+
+    _DEFAULTS = {f.name: f.default for f in dataclasses.fields(DeviceProperties)
+                 if f.default is not dataclasses.MISSING}
+
+    def __init__(self, props: Any):
+        self._props = props
+
+    @classmethod
+    def over(cls, props: Any) -> Any:
+        """``props`` itself when it has every such field, else a view of it that has them."""
+        return props if all(hasattr(props, n) for n in cls._DEFAULTS) else cls(props)
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return getattr(self._props, name)
+        except AttributeError:
+            if name in self._DEFAULTS:
+                return self._DEFAULTS[name]
+            raise
+
+    def __repr__(self) -> str:
+        return repr(self._props)
 
 
 class CudaFacade:
@@ -240,12 +270,12 @@ class CudaFacade:
         return self.t.device_names[logical]
 
     def get_device_properties(self, device: Any = None) -> Any:
-        """The backend's device properties; where its module has none, the probe's name and
-        memory and no compute capability."""
+        """The backend's device properties (with CUDA's fields it lacks, :class:`CudaFields`);
+        where its module has none, the probe's name and memory and no compute capability."""
         logical = self.t.logical_index(device)
         getter = self._mod("get_device_properties")
         if getter is not None:
-            return getter(self.t.physical(logical))
+            return CudaFields.over(getter(self.t.physical(logical)))
         memory = self.t.device_memory[logical] if logical < len(self.t.device_memory) else None
         return DeviceProperties(name=self.t.device_names[logical], total_memory=memory or 0,
                                 multi_processor_count=1)

@@ -150,9 +150,18 @@ def is_bf16_supported(including_emulation: bool = True) -> bool:
 
 # -- random numbers ------------------------------------------------------------------------
 def __getattr__(name: str) -> Any:
-    """``default_generators``: every device's generator (:class:`runtime.SimGenerator`), by index."""
+    """``default_generators``: every device's generator (:class:`runtime.SimGenerator`), by index.
+    Inductor's request for ``Scheduling`` (and the other code generators of
+    :data:`.inductor.CODEGEN_NAMES`) registers the sim's Inductor backend
+    (:func:`.inductor.register_backend`); the attribute itself stays absent."""
     if name == "default_generators":
         return tuple(runtime.generator(i) for i in range(runtime.device_count()))
+    if name == "_initialized":  # torch.utils.checkpoint saves device RNG states only if True
+        return is_initialized()
+    from . import inductor
+
+    if name in inductor.CODEGEN_NAMES:
+        inductor.register_backend()
     raise AttributeError(f"module 'torch.{runtime.DEVICE_TYPE}' has no attribute {name!r}")
 
 
@@ -184,14 +193,15 @@ def initial_seed() -> int:
 
 
 def get_rng_state(device: Any = None) -> torch.Tensor:
-    """The state of ``device``'s generator (None: the current device), as a CPU ByteTensor."""
+    """The state of ``device``'s generator (None: the current device): 16 bytes, seed then
+    offset, as a CPU ByteTensor (see :class:`runtime.SimGenerator`)."""
     return runtime.generator(_index(device)).get_state()
 
 
 def set_rng_state(new_state: torch.Tensor, device: Any = None) -> None:
     """Restore ``device``'s generator (None: the current device) from a state returned by
     :func:`get_rng_state`."""
-    runtime.generator(_index(device)).set_state(new_state.to("cpu", torch.uint8))
+    runtime.generator(_index(device)).set_state(new_state)
 
 
 def get_rng_state_all() -> list[torch.Tensor]:

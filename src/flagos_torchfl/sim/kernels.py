@@ -12,7 +12,8 @@ tensors with the semantics a device kernel has:
   memory from the sim allocator (outputs that share one fresh buffer stay views of one storage);
 * a ``device=`` argument naming a sim device is replaced by ``cpu`` for the CPU call and chooses
   the device of the outputs; naming ``cpu`` (``_to_copy`` back to the host) leaves them on the CPU;
-* random overloads draw from the device's own generator (see :mod:`flagos_torchfl.sim.runtime`);
+* random overloads draw from the device's own generator, or the sim generator passed to them,
+  and advance its offset (see :class:`flagos_torchfl.sim.runtime.SimGenerator`);
 * like a real device, tensors on two sim devices, or a sim tensor with a CPU tensor that is not a
   0-dim scalar, are refused (except by copies and by indexing with CPU indices).
 
@@ -246,9 +247,16 @@ def _generic_kernel(op: torch._ops.OpOverload) -> Callable:
         ckwargs = {k: call.host(v) for k, v in kwargs.items()}
         call.check_devices(sig.cpu_indices_ok)
         index = call.output_index()
-        if sig.generator is not None and sig.get(args, kwargs, sig.generator) is None:
-            sig.put(cargs, ckwargs, sig.generator, runtime.generator(index))
-        elif sig.seeded and sig.generator is None:
+        if sig.generator is not None:
+            gen = sig.get(args, kwargs, sig.generator)
+            if gen is None:
+                gen = runtime.generator(index)
+                sig.put(cargs, ckwargs, sig.generator, gen)
+            gen = runtime.sim_generator(gen)
+            if gen is not None:
+                result = runtime.run_drawing(gen, lambda: _run(sig, call, cargs, ckwargs))
+                return _finish(sig, call, args, kwargs, cargs, ckwargs, result)
+        elif sig.seeded:
             result = runtime.run_with_device_rng(index, lambda: _run(sig, call, cargs, ckwargs))
             return _finish(sig, call, args, kwargs, cargs, ckwargs, result)
         result = _run(sig, call, cargs, ckwargs)

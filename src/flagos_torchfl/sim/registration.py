@@ -13,7 +13,7 @@ import torch.serialization
 from ..aten.dispatcher import has_backend_fallback
 from ..errors import BackendUnavailableError, PrivateUse1ClaimedError
 from . import device as device_module
-from . import kernels, runtime, tensors, torch_patches
+from . import inductor, kernels, runtime, tensors, torch_patches
 
 _UNCLAIMED = "privateuseone"
 
@@ -150,6 +150,7 @@ def claim(num_devices: int, memory_limit: int | None, native: Iterable[str],
     _keep_alive.extend([hooks, guard, library, _autocast_fallthrough()])
     torch.serialization.register_package(19, _sim_tag, _sim_restore)
     torch_patches.apply(num_devices)
+    inductor.register_if_loaded()
     return device_module
 
 

@@ -2,7 +2,10 @@
 and the current device of each thread."""
 from __future__ import annotations
 
+import itertools
+import os
 import threading
+import weakref
 
 import torch
 
@@ -25,21 +28,142 @@ _local = threading.local()
 _rng_lock = threading.RLock()
 
 
+_MASK64 = (1 << 64) - 1
+STATE_BYTES = 16
+"""Size of a sim generator state: seed (8 bytes) then offset (8 bytes), as CUDA's Philox."""
+
+
+def _mix(seed: int, offset: int) -> int:
+    """The host engine's seed for draws at ``(seed, offset)`` (splitmix64 of both): equal pairs
+    give equal streams, different offsets unrelated ones."""
+    x = (seed * 0x9E3779B97F4A7C15 + offset) & _MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return x ^ (x >> 31)
+
+
 class SimGenerator(torch._C.Generator):
-    """The random generator of one sim device: a CPU generator (the sim's kernels are the CPU's
-    and draw from it) that reports its sim device. ``isinstance(g, torch.Generator)`` holds."""
+    """The random generator of one sim device, modelled on an accelerator's counter-based
+    (Philox) generator: its state is a seed and an offset, 16 bytes (``get_state``: seed in
+    ``[:8]``, offset in ``[8:]``, little-endian), the offset advances with every random operator
+    by the number of values it drew (rounded up to a multiple of 4), and the values an operator
+    draws depend only on (seed, offset) — so restoring a state replays exactly, and two states
+    with different offsets draw different values (what DTensor's sharded random ops rely on).
+
+    The sim's kernels are the CPU's, which draw from a CPU generator: this object is one (so it can
+    be handed to them, and ``isinstance(g, torch.Generator)`` holds), and its CPU engine is
+    reseeded from (seed, offset) whenever either changes. The values therefore differ from
+    CUDA's Philox stream; only the state's shape and behaviour are the accelerator's."""
 
     def __new__(cls, index: int = 0):
         generator = super().__new__(cls, "cpu")
         generator._index = index
+        generator._seed = DEFAULT_SEED
+        generator._offset = 0
+        with _rng_lock:
+            generator._tag = _TAG_BASE + next(_tags)
+            _by_tag[generator._tag] = generator
+        generator._sync()
         return generator
 
     @property
     def device(self) -> torch.device:
         return torch.device(DEVICE_TYPE, self._index)
 
+    def _sync(self) -> None:
+        """Reseed the CPU engine from (seed, offset), and write this generator's tag where the
+        engine keeps its initial seed (the first 8 bytes of a CPU generator state; draws never read
+        it), so :func:`sim_generator` finds this object from any wrapper of the engine."""
+        engine = torch._C.Generator
+        engine.manual_seed(self, _mix(self._seed, self._offset))
+        state = engine.get_state(self)
+        state[:8] = torch.tensor([self._tag], dtype=torch.int64).view(torch.uint8)
+        engine.set_state(self, state)
+
+    def manual_seed(self, seed: int) -> "SimGenerator":
+        """Seed the generator (offset back to 0)."""
+        seed = int(seed)
+        if not -(1 << 63) <= seed <= _MASK64:
+            raise RuntimeError(f"Overflow when unpacking long: seed {seed} is outside the 64-bit range")
+        with _rng_lock:
+            self._seed, self._offset = seed & _MASK64, 0
+            self._sync()
+        return self
+
+    def seed(self) -> int:
+        """Seed with a non-deterministic 64-bit number and return it."""
+        value = int.from_bytes(os.urandom(8), "little") >> 1
+        self.manual_seed(value)
+        return value
+
+    def initial_seed(self) -> int:
+        return self._seed
+
+    def get_offset(self) -> int:
+        return self._offset
+
+    def set_offset(self, offset: int) -> "SimGenerator":
+        offset = int(offset)
+        if offset < 0 or offset % 4:
+            raise RuntimeError(f"sim generator offset must be a non-negative multiple of 4, got {offset}")
+        with _rng_lock:
+            self._offset = offset
+            self._sync()
+        return self
+
+    def get_state(self) -> torch.Tensor:
+        """``[seed (uint64), offset (int64)]`` as 16 little-endian bytes, a CPU uint8 tensor."""
+        raw = self._seed.to_bytes(8, "little") + self._offset.to_bytes(8, "little")
+        return torch.frombuffer(bytearray(raw), dtype=torch.uint8)
+
+    def set_state(self, new_state: torch.Tensor) -> "SimGenerator":
+        """Restore a state from :meth:`get_state` (a 16-byte uint8 tensor, on any device)."""
+        if not isinstance(new_state, torch.Tensor) or new_state.dtype != torch.uint8 \
+                or new_state.numel() != STATE_BYTES:
+            got = (f"{new_state.numel()} {new_state.dtype} values" if isinstance(new_state, torch.Tensor)
+                   else type(new_state).__name__)
+            raise RuntimeError(
+                f"RNG state is wrong size: a {DEVICE_TYPE} generator state is {STATE_BYTES} uint8 "
+                f"values (seed: 8 bytes, offset: 8 bytes), got {got}")
+        raw = bytes(new_state.detach().to("cpu").contiguous().tolist())
+        offset = int.from_bytes(raw[8:], "little", signed=True)
+        if offset < 0 or offset % 4:
+            raise RuntimeError(f"RNG state offset must be a non-negative multiple of 4, got {offset}")
+        with _rng_lock:
+            self._seed, self._offset = int.from_bytes(raw[:8], "little"), offset
+            self._sync()
+        return self
+
+    def advance(self, drawn: int) -> None:
+        """Move the offset past ``drawn`` values (an operator drew them; at least 4)."""
+        with _rng_lock:
+            self._offset += max(4, (int(drawn) + 3) // 4 * 4)
+            self._sync()
+
+    def __reduce__(self):
+        return (_restore_generator, (self._index, self.get_state()))
+
     def __repr__(self) -> str:
         return f"<SimGenerator device={self.device}>"
+
+
+def _restore_generator(index: int, state: torch.Tensor) -> SimGenerator:
+    return SimGenerator(index).set_state(state)
+
+
+_TAG_BASE = 0x51A0_0000_0000_0000
+_tags = itertools.count(1)
+_by_tag: "weakref.WeakValueDictionary[int, SimGenerator]" = weakref.WeakValueDictionary()
+
+
+def sim_generator(gen: object) -> SimGenerator | None:
+    """The :class:`SimGenerator` that ``gen`` is, or wraps (PyTorch hands a Python kernel a new
+    ``torch.Generator`` object for the generator it was given); None for any other generator."""
+    if isinstance(gen, SimGenerator):
+        return gen
+    if isinstance(gen, torch._C.Generator) and gen.device.type == "cpu":
+        return _by_tag.get(torch._C.Generator.initial_seed(gen))
+    return None
 
 
 def start(num_devices: int, memory_limit: int | None) -> None:
@@ -120,22 +244,41 @@ def allocators() -> list[CachingAllocator]:
     return list(_allocators)
 
 
-def generator(index: int) -> torch.Generator:
-    """The CPU generator that drives random operators on device ``index``."""
+def generator(index: int) -> SimGenerator:
+    """The generator that drives random operators on device ``index``."""
     return _generators[check_index(index)]
 
 
+def draws(result: object) -> int:
+    """How many values a random operator that returned ``result`` drew: its tensors' elements."""
+    if isinstance(result, torch.Tensor):
+        return result.numel()
+    if isinstance(result, (list, tuple)):
+        return sum(draws(r) for r in result)
+    return 0
+
+
+def run_drawing(gen: SimGenerator, fn):
+    """Run ``fn()``, a random operator drawing from ``gen``'s CPU engine, then advance ``gen``
+    past what it drew."""
+    with _rng_lock:
+        result = fn()
+        gen.advance(draws(result))
+    return result
+
+
 def run_with_device_rng(index: int, fn):
-    """Run ``fn()`` with the default CPU generator temporarily holding the state of device
-    ``index``'s generator (for random operators without a ``generator`` argument); the advanced
-    state goes back to the device generator and the CPU generator is restored."""
+    """Run ``fn()`` (a random operator without a ``generator`` argument) with the default CPU
+    generator temporarily holding device ``index``'s engine, then advance the device generator
+    past what it drew and restore the CPU generator."""
     gen = generator(index)
     default = torch.default_generator
     with _rng_lock:
         saved = default.get_state()
-        default.set_state(gen.get_state())
+        default.set_state(torch._C.Generator.get_state(gen))
         try:
-            return fn()
+            result = fn()
         finally:
-            gen.set_state(default.get_state())
             default.set_state(saved)
+        gen.advance(draws(result))
+    return result

@@ -1,0 +1,63 @@
+"""``torch.compile`` on a chip whose plugin brings no Inductor code generator.
+
+Inductor compiles a graph with the code generator registered for its tensors' device type
+(PyTorch's own for CUDA, ROCm, XPU, MPS and the CPU; torch_npu's and torch_musa's for theirs; the
+sim's host C++ one, ``sim/inductor.py``). Where a graph's device type has none, Inductor fails
+inside code generation. Under activation such a graph is compiled with ``aot_eager`` instead — the
+traced ATen graph, with autograd, run on the chip's own kernels: no fusion, and no result eager
+mode would not give — with one warning per device type naming the chip and the fallback.
+"""
+from __future__ import annotations
+
+import functools
+import warnings
+from typing import Any, Iterable
+
+import torch
+
+from .devices import Target
+from .patches import Patcher, patch_function
+
+FALLBACK = "aot_eager"
+"""The dynamo backend a graph without an Inductor code generator is compiled with."""
+
+
+def devices_without_inductor(inputs: Iterable[Any]) -> list[str]:
+    """The device types of the tensors among ``inputs`` that Inductor has no code generator for
+    (after letting it register every backend it knows, the plugins' included), sorted."""
+    types = {x.device.type for x in inputs if isinstance(x, torch.Tensor)} - {"meta"}
+    if not types:
+        return []
+    from torch._inductor.codegen.common import get_scheduling_for_device, init_backend_registration
+
+    init_backend_registration()
+    return sorted(t for t in types if get_scheduling_for_device(t) is None)
+
+
+@patch_function("compile_fallback")
+def patch_compile_fallback(target: Target, patcher: Patcher) -> None:
+    """``torch.compile(..., backend="inductor")`` (the default): a graph whose tensors are on a
+    device type without an Inductor code generator is compiled with :data:`FALLBACK`, with one
+    warning per device type; every other graph goes to Inductor unchanged."""
+    wrapper = torch._TorchCompileInductorWrapper
+    original = wrapper.__call__
+    warned: set = set()
+
+    @functools.wraps(original)
+    def __call__(self, model_, inputs_, **kwargs):
+        missing = devices_without_inductor(inputs_)
+        if not missing:
+            return original(self, model_, inputs_, **kwargs)
+        fresh = [t for t in missing if t not in warned]
+        if fresh:
+            warned.update(fresh)
+            warnings.warn(
+                f"torch.compile: Inductor has no code generator for device type "
+                f"{', '.join(map(repr, fresh))} (backend {target.chip.name!r}: its plugin brings "
+                f"none); compiling with backend {FALLBACK!r} instead (the traced graph runs on "
+                "the chip's own kernels, without fusion)", stacklevel=2)
+        from torch._dynamo.backends.registry import lookup_backend
+
+        return lookup_backend(FALLBACK)(model_, inputs_)
+
+    patcher.setattr(wrapper, "__call__", __call__)
