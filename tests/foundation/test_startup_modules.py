@@ -47,7 +47,7 @@ print(json.dumps({"waiting": waiting, "then": redirect.waiting_patches(), "last"
 
 def test_distributed_modules_imported_by_the_program_are_patched_there():
     """The other half of the bargain: the FSDP1 patch, not applied at activation, is applied
-    when the program imports FSDP (every order: tests/redirect/test_import_order.py)."""
+    when the program imports FSDP (every order: tests/redirect/test_patch_import_order.py)."""
     proc = run_python(["-c", LATER], env={"FL_BACKEND": "cpu"})
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout) == {"waiting": ["fsdp_device_id", "deepspeed_accelerator"],
