@@ -25,8 +25,11 @@ from typing import Dict, Optional, Tuple
 
 import torch
 
+from ..log import get_logger
 from .devices import Target
 from .patches import Patcher, patch_function
+
+log = get_logger("redirect")
 
 #: the name torch gives gloo's worker threads (``ProcessGroupGloo::runLoop``)
 WORKER_NAME = "pt_gloo_runloop"
@@ -91,20 +94,24 @@ def settle(limit_s: float = LIMIT_S) -> bool:
         return True
     if not workers:
         return True
-    deadline = time.monotonic() + limit_s
+    start = time.monotonic()
     before = _look(workers)
     quiet = 0
-    while time.monotonic() < deadline:
+    while time.monotonic() - start < limit_s:
         time.sleep(STEP_S)
         now = _look(workers)
         unchanged = now == {tid: seen for tid, seen in before.items() if tid in now}
         if unchanged and all(state not in ("R", "D") for state, _ in now.values()):
             quiet += 1
             if quiet >= QUIET_LOOKS:
+                log.debug("gloo's %d worker threads settled in %.1f ms", len(workers),
+                          (time.monotonic() - start) * 1e3)
                 return True
         else:
             quiet = 0
         before = now
+    log.warning("gloo's worker threads were still busy after %.1f s; the process may abort at exit "
+                "(torch 2.13 frees their works on their own threads)", limit_s)
     return False
 
 
