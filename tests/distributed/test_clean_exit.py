@@ -21,7 +21,8 @@ from tests.helpers import ROOT, run_python
 
 JOB = str(ROOT / "tests" / "distributed" / "scripts" / "exit_job.py")
 SETTLED = "worker threads settled"
-needs_proc = pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="threads are listed through /proc")
+needs_proc = pytest.mark.skipif(not os.path.isdir("/proc/self/task"),
+                                reason="threads are listed through /proc")
 
 
 def _launch(backend: str, ending: str):
@@ -41,8 +42,8 @@ def test_a_finished_job_exits_0_after_settling_gloo(backend, ending):
 
 
 @needs_proc
-@pytest.mark.parametrize("ending, code, says", [("raise", 1, "RuntimeError: the program failed after training"),
-                                                ("exit3", 3, None)])
+@pytest.mark.parametrize("ending, code, says", [
+    ("raise", 1, "RuntimeError: the program failed after training"), ("exit3", 3, None)])
 def test_a_failed_job_keeps_its_failure(ending, code, says):
     proc = _launch("cpu", ending)
     assert proc.returncode == code, proc.stderr[-3000:]

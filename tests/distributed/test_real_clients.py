@@ -152,8 +152,9 @@ def records(runs, name: str, client: str) -> dict:
     for rank in (0, 1):
         path = folder / f"{client}.rank{rank}.json"
         if not path.exists() or proc.returncode != 0:
-            pytest.fail(f"{name}: rank {rank} {'exited' if path.exists() else 'wrote no record, exit'} "
-                        f"{proc.returncode}\n--- stdout\n{proc.stdout[-3000:]}\n--- stderr\n{proc.stderr[-5000:]}")
+            what = "finished but the run exited" if path.exists() else "wrote no record, exit"
+            pytest.fail(f"{name}: rank {rank} {what} {proc.returncode}\n--- stdout\n"
+                        f"{proc.stdout[-3000:]}\n--- stderr\n{proc.stderr[-5000:]}")
         found[rank] = json.loads(path.read_text())
     return found
 

@@ -9,7 +9,8 @@ numbers are applied.
 
 Families, in application order: :mod:`.devices` (``with torch.device``, set_default_device,
 Generator), :mod:`.factories`, :mod:`.tensor_module`, :mod:`.cuda_api` (the ``torch.cuda``
-facade), :mod:`.amp`, :mod:`.profiler`, :mod:`.distributed`, :mod:`.clean_exit`, :mod:`.serialization`, :mod:`.accelerator`.
+facade), :mod:`.amp`, :mod:`.profiler`, :mod:`.distributed`, :mod:`.clean_exit`,
+:mod:`.serialization`, :mod:`.accelerator`.
 """
 from __future__ import annotations
 
