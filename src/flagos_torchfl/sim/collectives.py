@@ -35,7 +35,8 @@ the gloo future's value with every host buffer replaced by the sim tensor it was
 (``[tensor]`` for an all-reduce: what DDP comm hooks expect). Point-to-point works have no
 future in gloo: ``send`` returns gloo's work (its host buffer needs no copy back), ``recv``
 completes its future from a helper thread that waits on gloo, and ``recv_anysource`` waits before
-returning (its caller asks the work for the source rank, which only gloo's work knows).
+returning (its caller asks the work for the source rank, which only gloo's work knows). At exit
+the helpers still running are waited for (:func:`join_helpers`, at most 5 s).
 
 Reductions: ``AVG`` runs as ``SUM`` followed by a division of the host result by the group size
 (bit-identical to gloo's own ``AVG`` where it has one; integer tensors fail as in gloo).
