@@ -145,13 +145,15 @@ def runs(tmp_path_factory):
 
 
 def records(runs, name: str, client: str) -> dict:
-    """rank -> the JSON record the client's ranks wrote; fails with the run's output if any is missing."""
+    """rank -> the JSON record the client's ranks wrote; fails with the run's output if any is
+    missing or the run did not exit 0 (a job that finished must not abort or hang at exit)."""
     proc, folder = runs[name]
     found = {}
     for rank in (0, 1):
         path = folder / f"{client}.rank{rank}.json"
-        if not path.exists():
-            pytest.fail(f"{name}: rank {rank} wrote no record (exit {proc.returncode})\n--- stdout\n"
+        if not path.exists() or proc.returncode != 0:
+            what = "finished but the run exited" if path.exists() else "wrote no record, exit"
+            pytest.fail(f"{name}: rank {rank} {what} {proc.returncode}\n--- stdout\n"
                         f"{proc.stdout[-3000:]}\n--- stderr\n{proc.stderr[-5000:]}")
         found[rank] = json.loads(path.read_text())
     return found

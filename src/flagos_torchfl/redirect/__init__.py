@@ -9,7 +9,7 @@ numbers are applied.
 
 Families, in application order: :mod:`.devices` (``with torch.device``, set_default_device,
 Generator), :mod:`.factories`, :mod:`.tensor_module`, :mod:`.cuda_api` (the ``torch.cuda``
-facade), :mod:`.amp`, :mod:`.compiling`, :mod:`.profiler`, :mod:`.distributed`, :mod:`.serialization`, :mod:`.accelerator`,
+facade), :mod:`.amp`, :mod:`.compiling`, :mod:`.profiler`, :mod:`.distributed`, :mod:`.clean_exit`, :mod:`.serialization`, :mod:`.accelerator`,
 :mod:`.deepspeed_accelerator`.
 """
 from __future__ import annotations
@@ -20,7 +20,7 @@ from typing import Any, Callable, List, Optional, Tuple
 from ..errors import ActivationError
 from ..log import get_logger
 # imported in application order: each module registers its patches as it is imported
-from . import devices, factories, tensor_module, cuda_api, amp, compiling, profiler, distributed, serialization, accelerator  # noqa: F401,I001
+from . import devices, factories, tensor_module, cuda_api, amp, compiling, profiler, distributed, clean_exit, serialization, accelerator  # noqa: F401,I001
 from . import deepspeed_accelerator  # noqa: F401,E402
 from .devices import DeviceOrdinalError, Target
 from .patches import REGISTRY, Patch, Patcher

@@ -35,7 +35,8 @@ the gloo future's value with every host buffer replaced by the sim tensor it was
 (``[tensor]`` for an all-reduce: what DDP comm hooks expect). Point-to-point works have no
 future in gloo: ``send`` returns gloo's work (its host buffer needs no copy back), ``recv``
 completes its future from a helper thread that waits on gloo, and ``recv_anysource`` waits before
-returning (its caller asks the work for the source rank, which only gloo's work knows).
+returning (its caller asks the work for the source rank, which only gloo's work knows). At exit
+the helpers still running are waited for (:func:`join_helpers`, at most 5 s).
 
 Reductions: ``AVG`` runs as ``SUM`` followed by a division of the host result by the group size
 (bit-identical to gloo's own ``AVG`` where it has one; integer tensors fail as in gloo).
@@ -54,8 +55,10 @@ Every byte copied between a sim tensor and a host buffer is counted (:func:`stat
 """
 from __future__ import annotations
 
+import atexit
 import datetime
 import threading
+import time
 import warnings
 from typing import Any, Callable, Sequence
 
@@ -97,6 +100,48 @@ def reset() -> None:
 def _count(key: str, nbytes: int) -> None:
     with _lock:
         _counts[key] += nbytes
+
+
+# -- helper threads -------------------------------------------------------------------------
+#: helper threads still waiting on gloo or copying back
+_helpers: set = set()
+#: seconds the exit handler waits at most for the helpers
+HELPERS_LIMIT_S = 5.0
+
+
+def _start_helper(target: Callable[[], None]) -> None:
+    """Run ``target`` on a daemon helper thread that :func:`join_helpers` can wait for."""
+
+    def run() -> None:
+        try:
+            target()
+        finally:
+            with _lock:
+                _helpers.discard(thread)
+
+    thread = threading.Thread(target=run, name="sim-collective-wait", daemon=True)
+    with _lock:
+        _helpers.add(thread)
+    thread.start()
+
+
+def join_helpers(limit_s: float = HELPERS_LIMIT_S) -> bool:
+    """Wait (the GIL released) until every helper thread has ended, at most ``limit_s`` seconds in
+    all; True when none is left. Run at exit: a helper still inside gloo's ``wait()`` when the
+    interpreter finalizes would be ended there, in C++, and abort the process."""
+    deadline = time.monotonic() + limit_s
+    while True:
+        with _lock:
+            alive = list(_helpers)
+        if not alive:
+            return True
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return False
+        alive[0].join(left)
+
+
+atexit.register(join_helpers)
 
 
 # -- registration ---------------------------------------------------------------------------
@@ -322,7 +367,7 @@ class _Staging:
                 return
             future.set_result(value)
 
-        threading.Thread(target=wait, name="sim-collective-wait", daemon=True).start()
+        _start_helper(wait)
         return _StagedWork(future)
 
 

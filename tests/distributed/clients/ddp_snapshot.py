@@ -12,11 +12,11 @@ import os
 
 import torch
 import torch.nn.functional as F
-from torch.distributed import init_process_group
+from torch.distributed import destroy_process_group, init_process_group
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, Dataset
 from torch.utils.data.distributed import DistributedSampler
-from leave import leave, write_record  # the clients folder is sys.path[0]
+from leave import activated, leave, write_record  # the clients folder is sys.path[0]
 
 
 class MyTrainDataset(Dataset):
@@ -108,7 +108,8 @@ def main(args):
     record = {"rank": rank, "losses": trainer.losses, "params": params,
               "device": str(next(trainer.model.parameters()).device)}
     write_record(args.out, "ddp_snapshot", record)
-    # the process group is not destroyed: see leave.py
+    if activated():  # as the tutorial ends; the plain reference leaves without it (see leave.py)
+        destroy_process_group()
 
 
 if __name__ == "__main__":

@@ -1,14 +1,16 @@
 """How the client scripts end: each rank writes its record (:func:`write_record`), then leaves.
 
-torch 2.13 with gloo frees a finished collective on gloo's own thread. When that collective holds
-the last reference to a tensor Python has already let go of, freeing it needs the GIL; if the
-interpreter is tearing down at that moment, the thread is ended inside a C++ destructor and the
-process aborts ("terminate called without an active exception"), and destroying the process group
-while the main thread holds the GIL can deadlock the same way. Plain torch does it too, without this
-package (docs/design.md, "Exit races in torch's gloo"). The clients therefore run the exit handlers
-(the launcher's report among them) and leave without teardown. Clients in this folder import this
-module from their own folder (``sys.path[0]``); the accelerate and Lightning clients of
-tests/realclients add this folder to their path.
+Under flagos_torchfl (the launcher's runs) a client ends as its program would: the interpreter
+exits, and the package's ``clean_exit`` patch lets gloo's worker threads free their last works
+before it finalizes (docs/design.md, "Exit races in torch's gloo").
+
+The plain-torch reference runs (``--cpu``, ``ACCELERATE_USE_CPU=true``...) have no such help: torch
+2.13 with gloo frees a finished collective on gloo's own thread, and when the interpreter is
+finalizing at that moment the process aborts ("terminate called without an active exception"),
+and freeing the process group while the main thread holds the GIL can deadlock the same way.
+There the clients run the exit handlers and leave without teardown (:func:`leave`). Clients in
+this folder import this module from their own folder (``sys.path[0]``); the accelerate and
+Lightning clients of tests/realclients add this folder to their path.
 """
 import atexit
 import json
@@ -23,9 +25,18 @@ def write_record(out: str, client: str, record: dict) -> None:
         json.dump(record, f)
 
 
-def leave(code: int = 0) -> None:
-    """Run the exit handlers, flush the output and end the process with ``code``."""
+def activated() -> bool:
+    """Whether flagos_torchfl is active in this process."""
+    ft = sys.modules.get("flagos_torchfl")
+    return ft is not None and ft.current_backend() is not None
+
+
+def leave() -> None:
+    """Under flagos_torchfl return, so that the program ends normally. Plain torch: run the exit
+    handlers, flush the output and end the process with 0 without the interpreter's teardown."""
+    if activated():
+        return
     atexit._run_exitfuncs()
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(code)
+    os._exit(0)

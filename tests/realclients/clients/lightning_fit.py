@@ -14,7 +14,7 @@ import torch
 from lightning.fabric.utilities.distributed import _destroy_dist_connection
 
 sys.path.append(str(Path(__file__).resolve().parents[2] / "distributed" / "clients"))
-from leave import leave  # noqa: E402  (why: see leave.py)
+from leave import activated, leave  # noqa: E402  (why: see leave.py)
 
 
 class Regression(L.LightningModule):
@@ -53,12 +53,14 @@ def main(accelerator, devices, strategy):
 
 def end(trainer) -> None:
     """Rank 0 started the other ranks (Lightning's subprocess launcher): wait for their records,
-    then leave without gloo teardown. Lightning registers ``destroy_process_group`` at exit when it
-    asked for "nccl", which it does for ``accelerator="gpu"``; with gloo underneath that teardown can
-    deadlock in torch 2.13 (see leave.py), so it is skipped like the interpreter's."""
+    then leave. Lightning registers ``destroy_process_group`` at exit when it asked for "nccl",
+    which it does for ``accelerator="gpu"``: under flagos_torchfl that teardown runs. The plain
+    reference skips it, like the interpreter's, since with gloo underneath it can deadlock in torch
+    2.13 (see leave.py)."""
     for proc in getattr(trainer.strategy.launcher, "procs", None) or ():
         proc.wait()
-    atexit.unregister(_destroy_dist_connection)
+    if not activated():
+        atexit.unregister(_destroy_dist_connection)
     leave()
 
 
