@@ -23,7 +23,6 @@ import os
 import time
 from typing import Dict, Optional, Tuple
 
-
 from ..log import get_logger
 from .devices import Target
 from .patches import Patcher, patch_function
