@@ -13,7 +13,7 @@ from types import MappingProxyType
 from typing import Any, FrozenSet, Mapping, Optional
 
 from .. import variables
-from ..errors import ConfigError, PrivateUse1ClaimedError
+from ..errors import BackendUnavailableError, ConfigError, PrivateUse1ClaimedError
 from .base import Backend, DeviceInfo, ProbeResult
 from .cpu import logical_device_count
 
@@ -37,6 +37,13 @@ class SimBackend(Backend):
     pins_at_allocation = False  # a Python PrivateUse1 backend cannot register a pinned allocator
 
     def probe(self, timeout=None, count_ops=True, query_tools=True, driver=None) -> ProbeResult:
+        from .. import compat
+
+        if not compat.has("python_privateuse1_backend"):
+            import torch
+
+            return ProbeResult(backend=self.name, status="unavailable",
+                               reason=compat.sim_floor_reason(torch.__version__))
         result = ProbeResult(backend=self.name, status="on-request")
         try:
             count = logical_device_count(self.devices_env)
@@ -114,7 +121,8 @@ class SimBackend(Backend):
 
         from .. import compat
 
-        compat.require_torch("the sim backend", compat.SIM_MIN_TORCH, torch.__version__)
+        if not compat.has("python_privateuse1_backend"):
+            raise BackendUnavailableError(self.name, compat.sim_floor_reason(torch.__version__))
         from .. import sim
         from ..sim import registration
 

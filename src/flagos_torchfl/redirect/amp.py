@@ -6,9 +6,11 @@ declares (bfloat16 on the CPU) — ``torch.cuda.amp.autocast()``'s float16 defau
 from __future__ import annotations
 
 import functools
+import warnings
 
 import torch
 
+from .. import compat
 from .devices import Target
 from .patches import Patcher, patch_function
 
@@ -38,7 +40,12 @@ def patch_autocast(target: Target, patcher: Patcher) -> None:
 @patch_function("grad_scaler")
 def patch_grad_scaler(target: Target, patcher: Patcher) -> None:
     """``torch.amp.GradScaler()`` (its default device is "cuda"), ``GradScaler("cuda")`` and
-    ``torch.cuda.amp.GradScaler()``: a scaler for the backend's device type."""
+    ``torch.cuda.amp.GradScaler()``: a scaler for the backend's device type. A torch without
+    ``torch.amp.GradScaler`` has CUDA's only: off CUDA it is disabled with torch's own warning,
+    as it is without this package on a machine without CUDA."""
+    if not compat.has("amp_grad_scaler"):
+        _patch_cuda_only_grad_scaler(target, patcher)
+        return
     scaler = torch.amp.GradScaler
     original = scaler.__init__
 
@@ -49,11 +56,29 @@ def patch_grad_scaler(target: Target, patcher: Patcher) -> None:
     patcher.setattr(scaler, "__init__", __init__)
 
 
+def _patch_cuda_only_grad_scaler(target: Target, patcher: Patcher) -> None:
+    scaler = torch.cuda.amp.GradScaler
+    original = scaler.__init__
+
+    @functools.wraps(original)
+    def __init__(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        if self._enabled and not target.native:
+            warnings.warn("torch.cuda.amp.GradScaler is enabled, but CUDA is not available.  "
+                          "Disabling.")
+            self._enabled = False
+
+    patcher.setattr(scaler, "__init__", __init__)
+
+
 @patch_function("autocast_queries")
 def patch_autocast_queries(target: Target, patcher: Patcher) -> None:
     """``torch.is_autocast_enabled("cuda")`` (and with no argument), ``torch.get_autocast_dtype("cuda")``
     and the input casts of ``torch.amp.custom_fwd(device_type="cuda", cast_inputs=...)`` answer
-    for the backend's device type, so code that checks them sees the autocast that is active."""
+    for the backend's device type, so code that checks them sees the autocast that is active.
+    (A torch whose queries take no device type answers CUDA's there, unchanged.)"""
+    if not compat.has("autocast_device_queries"):
+        return
     mode = torch.amp.autocast_mode
     real_enabled, real_dtype, real_cast = torch.is_autocast_enabled, torch.get_autocast_dtype, mode._cast
 

@@ -15,6 +15,7 @@ from typing import Any, Callable, Dict, Iterable
 
 import torch
 
+from .. import compat
 from ..backends.host import DeviceProperties, HostRuntime
 from ..backends.memory import real
 from ..errors import suggestion
@@ -95,7 +96,7 @@ class CudaFacade:
             delegate = self._mod(name)
             if delegate is not None:
                 return delegate
-        stand_in = self._table[name] = unserved(name, self.t)
+        stand_in = self._table[name] = unserved(name, self.t, real=real)
         return stand_in
 
     # -------------------------------------------------------------- the table
@@ -138,7 +139,7 @@ class CudaFacade:
             "is_bf16_supported": f.is_bf16_supported,
             "is_current_stream_capturing": lambda: False,
             "ipc_collect": f.ipc_collect,
-            "OutOfMemoryError": torch.OutOfMemoryError,
+            "OutOfMemoryError": compat.out_of_memory_error(),
             "StreamContext": f.stream_context_class(),
             "default_generators": f.default_generators(),
             "amp": self._cuda.amp,
@@ -156,8 +157,12 @@ class CudaFacade:
     def is_available(self, _frame: Callable = sys._getframe) -> bool:
         """True, except for callers inside a package that loads CUDA kernels when CUDA is
         available (``CUDA_KERNEL_PACKAGES`` and ``FL_CUDA_KERNEL_PACKAGES``): those are told the
-        truth, so they stay on their CPU path instead of reaching for CUDA's runtime."""
+        truth, so they stay on their CPU path instead of reaching for CUDA's runtime. So is
+        ``torch.accelerator``, which stays truthful: on a CUDA build of torch without a GPU,
+        ``current_accelerator(check_available=True)`` (AdamW's step asks it) stays None."""
         caller = _frame(1).f_globals.get("__name__") or ""
+        if caller == "torch.accelerator":
+            return types.ModuleType.__getattribute__(self._cuda, "is_available")()
         return caller.partition(".")[0] not in self._cuda_kernel_packages
 
     def device_count(self) -> int:

@@ -11,6 +11,7 @@ from typing import Any, Optional
 
 import torch
 
+from .. import compat
 from .devices import Target
 from .patches import Patcher, patch_function, with_edited_arguments
 
@@ -136,6 +137,8 @@ def patch_device_mesh(target: Target, patcher: Patcher) -> None:
         return
     import importlib
 
+    if not compat.has("device_mesh"):
+        return  # a torch without DeviceMesh
     from torch.distributed import device_mesh
 
     def edit(values: dict) -> None:
