@@ -75,6 +75,14 @@ def check_plugin(module: str, version: str | None, tested: tuple[str, ...]) -> N
     warn_once(module, f"{module} {version} is untested with flagos_torchfl (tested: {tested_text})")
 
 
+def torch_support() -> dict:
+    """The installed torch and the floors (``detect`` shows them)."""
+    import torch
+
+    return {"version": torch.__version__, "minimum": ".".join(map(str, MIN_TORCH)),
+            "sim_minimum": ".".join(map(str, SIM_MIN_TORCH))}
+
+
 def sim_floor_reason(version: str) -> str:
     """Why the sim cannot run on this torch (the sim's own floor)."""
     return f"needs torch>={SIM_MIN_TORCH[0]}.{SIM_MIN_TORCH[1]}; this is torch {version}"
@@ -250,16 +258,32 @@ def autocast_dispatch_suffix(device_type: str) -> str:
     return suffix
 
 
+#: before the device-taking queries: torch's per-device query names (else the device module's)
+_OLD_QUERY_NAMES = {"cpu": "cpu", "cuda": "gpu", "ipu": "ipu", "xla": "xla"}
+
+
+def _old_autocast_query(device_type: str, enabled: bool) -> Callable[[], Any]:
+    import torch
+
+    infix = _OLD_QUERY_NAMES.get(device_type)
+    if infix is not None:
+        if enabled:
+            return torch.is_autocast_enabled if device_type == "cuda" else getattr(torch, f"is_autocast_{infix}_enabled")
+        return getattr(torch, f"get_autocast_{infix}_dtype")
+    # a PrivateUse1 device's module answers for it (torch 2.1's autocast requires these)
+    return getattr(getattr(torch, device_type), "is_autocast_enabled" if enabled else "get_autocast_dtype")
+
+
 def autocast_dtype(device_type: str):
     """The autocast dtype in force for ``device_type``."""
     import torch
 
     if has("autocast_device_queries"):
         return torch.get_autocast_dtype(device_type)
-    if device_type == "cpu":
-        return torch.get_autocast_cpu_dtype()
-    if device_type == "xpu":
-        return torch.xpu.get_autocast_xpu_dtype()
-    if device_type == torch._C._get_privateuse1_backend_name():
-        return torch._C._get_autocast_privateuse1_dtype()
-    return torch.get_autocast_gpu_dtype()
+    return _old_autocast_query(device_type, enabled=False)()
+
+
+def autocast_query_functions(device_type: str) -> tuple:
+    """On a torch whose autocast queries take no device type: ``(is_enabled, get_dtype)`` of
+    ``device_type``, each taking no argument."""
+    return _old_autocast_query(device_type, True), _old_autocast_query(device_type, False)

@@ -96,3 +96,24 @@ def test_log_level_from_environment():
     assert "[flagos_torchfl] INFO backend cpu active" in proc.stderr
     proc = run_python(["-c", code], env={"FL_LOG_LEVEL": "WARNING"})
     assert "backend cpu active" not in proc.stderr
+
+
+def test_sim_below_its_floor_says_so_in_detect_and_at_start(monkeypatch):
+    """Injected: a torch without the Python PrivateUse1 backend API the sim needs."""
+    import dataclasses
+
+    import torch
+
+    from flagos_torchfl.backends import get_backend
+    from flagos_torchfl.errors import BackendUnavailableError
+
+    feature = compat.FEATURES["python_privateuse1_backend"]
+    monkeypatch.setitem(compat.FEATURES, feature.name, dataclasses.replace(feature, probe=lambda: False))
+    compat.has.cache_clear()
+    try:
+        result = get_backend("sim").probe()
+        assert (result.status, result.reason) == ("unavailable", f"needs torch>=2.9; this is torch {torch.__version__}")
+        with pytest.raises(BackendUnavailableError, match=r"backend 'sim' is not available: needs torch>=2\.9"):
+            get_backend("sim").start(None)
+    finally:
+        compat.has.cache_clear()

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 
+from .. import compat
 from ..backends import registry
 from ..backends.probe import probe_timeout, query_drivers
 from ..config import format_bytes
@@ -35,7 +36,8 @@ def collect() -> dict:
         rows.append({"name": name, "backend": name, "status": "unavailable", "reason": reason,
                      "devices": [], "device_count": 0})
     pick, why = would_pick(probe=lambda name: probes[name])
-    return {"backends": rows, "auto_select": {"backend": pick, "why": why}, "sim_profiles": sim_profiles()}
+    return {"backends": rows, "auto_select": {"backend": pick, "why": why}, "sim_profiles": sim_profiles(),
+            "torch": compat.torch_support()}
 
 
 def sim_profiles() -> list:
@@ -101,6 +103,9 @@ def render(data: dict) -> str:
     lines.append("CATEGORIES: common operation categories the backend runs natively "
                  "(`python -m flagos_torchfl ops --backend NAME --categories`)")
     lines += ["", *_render_profiles(data["sim_profiles"])]
+    support = data["torch"]
+    lines.append(f"TORCH: {support['version']} (flagos_torchfl needs torch>={support['minimum']}; "
+                 f"the sim device torch>={support['sim_minimum']})")
     pick = data["auto_select"]
     if pick["backend"]:
         lines.append(f"\nauto_select_backend() would pick: {pick['backend']} ({pick['why']})")

@@ -76,8 +76,12 @@ def patch_autocast_queries(target: Target, patcher: Patcher) -> None:
     """``torch.is_autocast_enabled("cuda")`` (and with no argument), ``torch.get_autocast_dtype("cuda")``
     and the input casts of ``torch.amp.custom_fwd(device_type="cuda", cast_inputs=...)`` answer
     for the backend's device type, so code that checks them sees the autocast that is active.
-    (A torch whose queries take no device type answers CUDA's there, unchanged.)"""
+    A torch whose queries take no device type (before 2.4) has CUDA's in ``torch.is_autocast_enabled()``
+    and ``torch.get_autocast_gpu_dtype()``: they answer for the backend's device type."""
     if not compat.has("autocast_device_queries"):
+        enabled, dtype = compat.autocast_query_functions(target.device_type)
+        patcher.setattr(torch, "is_autocast_enabled", functools.wraps(torch.is_autocast_enabled)(lambda: enabled()))
+        patcher.setattr(torch, "get_autocast_gpu_dtype", functools.wraps(torch.get_autocast_gpu_dtype)(lambda: dtype()))
         return
     mode = torch.amp.autocast_mode
     real_enabled, real_dtype, real_cast = torch.is_autocast_enabled, torch.get_autocast_dtype, mode._cast
