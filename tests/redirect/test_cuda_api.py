@@ -230,13 +230,21 @@ def test_backends_flags_are_harmless(cpu_backend):
         torch.backends.cuda.cufft_plan_cache.size
 
 
+@pytest.mark.torch_feature("accelerator")
 def test_accelerator_stays_truthful(cpu_backend):
+    """As without this package on the same torch (a CUDA build's device module stays torch.cuda)."""
+    ft.deactivate()
+    plain = (torch.accelerator.is_available(), torch.accelerator.current_accelerator(),
+             torch.get_device_module())
+    ft.init_backend("cpu")
     assert torch.accelerator.is_available() is False
-    assert torch.get_device_module() is torch.cpu
+    assert (torch.accelerator.is_available(), torch.accelerator.current_accelerator(),
+            torch.get_device_module()) == plain
     assert torch.get_device_module("cuda") is torch.cuda
     assert torch.OutOfMemoryError is torch.cuda.OutOfMemoryError
 
 
 def test_private_plumbing_reaches_real_module(cpu_backend):
-    assert torch.cuda._is_compiled() is False
+    assert torch.cuda._is_compiled is _real_cuda("_is_compiled")
+    assert torch.cuda._is_compiled() is hasattr(torch._C, "_cuda_getDeviceCount")  # the build's answer
     assert callable(torch.cuda._lazy_init)
