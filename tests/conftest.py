@@ -21,7 +21,7 @@ _results: dict[str, dict[str, tuple[str, str]]] = {}
 
 
 #: test folders that need the sim device throughout (its own floor: compat.SIM_MIN_TORCH)
-SIM_SUITES = ("sim", "profiles", "routing", "conformance")
+SIM_SUITES = ("sim", "profiles", "conformance")
 
 
 def pytest_configure(config):

@@ -167,12 +167,38 @@ FEATURES: Dict[str, Feature] = {f.name: f for f in (
             {_OLD: False, _NEW: True, "2.14.1": True}, _attr("torch.amp.is_autocast_available")),
     Feature("autocast_device_queries", "torch.get_autocast_dtype(device_type) / is_autocast_enabled(device_type)",
             {_OLD: False, _NEW: True, "2.14.1": True}, _attr("torch.get_autocast_dtype")),
+    Feature("library_destroy", "torch.library.Library._destroy (deregisters a Python library's kernels)",
+            {_OLD: False, _NEW: True, "2.14.1": True}, _attr("torch.library.Library._destroy")),
+    Feature("autocast_cpu_float16", "torch.autocast('cpu', dtype=torch.float16)",
+            {_OLD: False, _NEW: True, "2.14.1": True}, lambda: _cpu_autocast_float16()),
+    Feature("cpu_float16_matmul", "float16 matrix products on the CPU (addmm for Half)",
+            {_OLD: False, _NEW: True, "2.14.1": True}, lambda: _cpu_float16_matmul()),
     Feature("device_mesh", "torch.distributed.device_mesh (init_device_mesh, DeviceMesh)",
             {_OLD: False, _NEW: True, "2.14.1": True}, _attr("torch.distributed.device_mesh.DeviceMesh")),
     Feature("python_privateuse1_backend",
             "a Python-registered PrivateUse1 backend with its own allocator and accelerator hooks (the sim)",
             {_OLD: False, _NEW: True, "2.14.1": True}, lambda: _torch_at_least(SIM_MIN_TORCH)),
 )}
+
+
+def _cpu_autocast_float16() -> bool:
+    import torch
+
+    try:
+        with torch.autocast("cpu", dtype=torch.float16):
+            return True
+    except RuntimeError:  # torch 2.1: "AutocastCPU only support Bfloat16"
+        return False
+
+
+def _cpu_float16_matmul() -> bool:
+    import torch
+
+    try:
+        torch.nn.functional.linear(torch.ones(1, 2, dtype=torch.half), torch.ones(2, 2, dtype=torch.half))
+        return True
+    except RuntimeError:  # torch 2.1: "addmm_impl_cpu_" not implemented for 'Half'
+        return False
 
 
 def _torch_at_least(minimum: tuple) -> bool:
@@ -283,7 +309,29 @@ def autocast_dtype(device_type: str):
     return _old_autocast_query(device_type, enabled=False)()
 
 
+def autocast_enabled(device_type: str) -> bool:
+    """Whether autocast is on for ``device_type``."""
+    import torch
+
+    if has("autocast_device_queries"):
+        return torch.is_autocast_enabled(device_type)
+    return _old_autocast_query(device_type, enabled=True)()
+
+
 def autocast_query_functions(device_type: str) -> tuple:
     """On a torch whose autocast queries take no device type: ``(is_enabled, get_dtype)`` of
     ``device_type``, each taking no argument."""
     return _old_autocast_query(device_type, True), _old_autocast_query(device_type, False)
+
+
+def destroy_library(library: Any) -> None:
+    """Deregister every kernel of a ``torch.library.Library`` now (``Library._destroy``; before
+    it: forget its registrations and drop its C++ handle, which deregisters them)."""
+    if has("library_destroy"):
+        library._destroy()
+        return
+    import torch.library
+
+    torch.library._impls -= library._op_impls
+    library._op_impls.clear()
+    library.m = None

@@ -90,6 +90,6 @@ def push(dispatch_key: str, name: str, rule: Rule) -> Callable[[], None]:
             slot.rules[:] = [r for r in slot.rules if r[0] != token]
             if not slot.rules and _slots.get((dispatch_key, name)) is slot:
                 del _slots[(dispatch_key, name)]
-                slot.library._destroy()
+                compat.destroy_library(slot.library)
 
     return remove
