@@ -288,7 +288,7 @@ def autocast_dispatch_suffix(device_type: str) -> str:
 _OLD_QUERY_NAMES = {"cpu": "cpu", "cuda": "gpu", "ipu": "ipu", "xla": "xla"}
 
 
-def _old_autocast_query(device_type: str, enabled: bool) -> Callable[[], Any]:
+def _old_autocast_query(device_type: str, enabled: bool) -> Optional[Callable[[], Any]]:
     import torch
 
     infix = _OLD_QUERY_NAMES.get(device_type)
@@ -297,7 +297,8 @@ def _old_autocast_query(device_type: str, enabled: bool) -> Callable[[], Any]:
             return torch.is_autocast_enabled if device_type == "cuda" else getattr(torch, f"is_autocast_{infix}_enabled")
         return getattr(torch, f"get_autocast_{infix}_dtype")
     # a PrivateUse1 device's module answers for it (torch 2.1's autocast requires these)
-    return getattr(getattr(torch, device_type), "is_autocast_enabled" if enabled else "get_autocast_dtype")
+    module = getattr(torch, device_type, None)
+    return getattr(module, "is_autocast_enabled" if enabled else "get_autocast_dtype", None)
 
 
 def autocast_dtype(device_type: str):
@@ -320,7 +321,7 @@ def autocast_enabled(device_type: str) -> bool:
 
 def autocast_query_functions(device_type: str) -> tuple:
     """On a torch whose autocast queries take no device type: ``(is_enabled, get_dtype)`` of
-    ``device_type``, each taking no argument."""
+    ``device_type``, each taking no argument (None where its device module has none)."""
     return _old_autocast_query(device_type, True), _old_autocast_query(device_type, False)
 
 

@@ -19,6 +19,9 @@ from pathlib import Path
 
 import pytest
 
+#: the first test's setup runs every script (16 x 3 runs, two at a time): past pytest's 600 s on
+#: torch 2.14.1 on a loaded 2-core VM
+pytestmark = pytest.mark.timeout(3600)
 CORPUS = Path(__file__).resolve().parent
 TWINS = CORPUS / "cpu_twins"
 SCRIPTS = sorted(

@@ -80,6 +80,8 @@ def patch_autocast_queries(target: Target, patcher: Patcher) -> None:
     and ``torch.get_autocast_gpu_dtype()``: they answer for the backend's device type."""
     if not compat.has("autocast_device_queries"):
         enabled, dtype = compat.autocast_query_functions(target.device_type)
+        if enabled is None or dtype is None:
+            return
         patcher.setattr(torch, "is_autocast_enabled", functools.wraps(torch.is_autocast_enabled)(lambda: enabled()))
         patcher.setattr(torch, "get_autocast_gpu_dtype", functools.wraps(torch.get_autocast_gpu_dtype)(lambda: dtype()))
         return

@@ -268,7 +268,8 @@ class CudaFacade:
     def _streams(self) -> Any:
         """What answers the stream functions: the device module, or inline host streams
         (:class:`~flagos_torchfl.backends.host.HostRuntime`) where the module has none."""
-        return self.t.module if self._mod("Stream") is not None else _INLINE_STREAMS
+        has_streams = self._mod("Stream") is not None and self._mod("Event") is not None
+        return self.t.module if has_streams else _INLINE_STREAMS  # torch 2.1's torch.cpu: no Event
 
     def stream_class(self) -> Any:
         """The backend's Stream class, constructed with a logical ``device=``."""
