@@ -20,8 +20,34 @@ ROOT = Path(__file__).resolve().parent.parent
 _results: dict[str, dict[str, tuple[str, str]]] = {}
 
 
+#: test folders that need the sim device throughout (its own floor: compat.SIM_MIN_TORCH)
+SIM_SUITES = ("sim", "profiles", "conformance")
+
+
 def pytest_configure(config):
     config.addinivalue_line("markers", "isolated: run this module in a fresh interpreter")
+    config.addinivalue_line(
+        "markers", "torch_feature(name): needs compat feature NAME of the torch under test; "
+        "skipped, with the reason, on a torch without it")
+    config.addinivalue_line("markers", "needs_sim: needs the sim device (torch_feature python_privateuse1_backend)")
+
+
+def _torch_feature_skips(items) -> None:
+    """Tests that cannot apply to the torch under test (it lacks what they exercise) are
+    skipped with the reason, so the summary counts them as skipped, never as passed."""
+    import torch
+
+    from flagos_torchfl import compat
+
+    for item in items:
+        names = [m.args[0] for m in item.iter_markers("torch_feature")]
+        rel = Path(str(item.fspath)).resolve().relative_to(ROOT / "tests").parts
+        if item.get_closest_marker("needs_sim") is not None or (rel and rel[0] in SIM_SUITES):
+            names.append("python_privateuse1_backend")
+        missing = [n for n in names if not compat.has(n)]
+        if missing:
+            what = "; ".join(compat.FEATURES[n].what for n in missing)
+            item.add_marker(pytest.mark.skip(reason=f"torch {torch.__version__} lacks {what}"))
 
 
 def _run_module_in_child(path: Path, tmp_dir: Path) -> dict[str, tuple[str, str]]:
@@ -63,6 +89,7 @@ def pytest_runtest_call(item):
 
 
 def pytest_collection_modifyitems(items):
+    _torch_feature_skips(items)
     # In the parent, an isolated test's fixtures are not set up either: they may do what cannot
     # be undone (the child sets them up for real).
     if not IN_CHILD:

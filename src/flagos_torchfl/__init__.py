@@ -18,7 +18,14 @@ import torch as _torch  # noqa: E402
 from . import compat as _compat
 
 __version__ = "0.1.0"
-_compat.check_torch(_torch.__version__)
+try:
+    _compat.check_torch(_torch.__version__)
+except ImportError as _exc:
+    if _compat.running_command_line(sys.argv):
+        # `python -m flagos_torchfl ...` / `flagos-torchfl ...`: the sentence, no traceback
+        sys.stderr.write(f"{_exc}\n")
+        raise SystemExit(1) from None
+    raise
 
 from .api import (  # noqa: E402
     ASSIGNABLE as _ASSIGNABLE, CHOSEN_AT_INIT as _CHOSEN_AT_INIT, auto_select_backend, current_backend, deactivate, get_setting,

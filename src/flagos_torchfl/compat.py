@@ -1,12 +1,23 @@
-"""Version checks: the torch this package runs on, and the vendor plugins it drives."""
+"""Version checks and feature detection: the torch this package runs on, the torch internals it
+relies on, and the vendor plugins it drives.
+
+Every torch internal the package needs that is not in all supported releases is detected here
+(:data:`FEATURES`: what it is, how it is found, the releases it was checked on) and the rest of
+the package asks :func:`has` or uses the shims below, never a version number.
+"""
 from __future__ import annotations
 
+import functools
 import re
 import warnings
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, Optional
 
-MIN_TORCH = (2, 4)
-#: torch minor versions the test suite has run on (the README's compatibility table).
-TESTED_TORCH = ((2, 13),)
+#: the oldest torch for everything a vendor chip uses: selection, detect/env/ops, the
+#: redirection and the launcher, memory and precision settings, checkpoints, distributed
+MIN_TORCH = (2, 1)
+#: torch minor versions the test suite has run on (docs/design.md's compatibility table).
+TESTED_TORCH = ((2, 1), (2, 13), (2, 14))
 #: the pure-Python ``sim`` device needs the PrivateUse1 Python-backend API.
 SIM_MIN_TORCH = (2, 9)
 
@@ -31,15 +42,26 @@ def check_torch(version: str) -> None:
     """Raise for a torch older than the floor; warn once for a version the suite has not run on."""
     v = parse_version(version)[:2]
     if v < MIN_TORCH:
-        raise ImportError(
-            f"flagos_torchfl needs torch>={MIN_TORCH[0]}.{MIN_TORCH[1]}; found torch {version}"
-        )
+        raise ImportError(floor_message(version))
     if v not in TESTED_TORCH:
         warn_once(
             "torch",
             f"torch {version} is untested with flagos_torchfl (tested: torch {tested_torch_text()}); "
             "please report problems with `python -m flagos_torchfl env`",
         )
+
+
+def floor_message(version: str) -> str:
+    """The one sentence said below the floor."""
+    return (f"flagos_torchfl needs torch>={MIN_TORCH[0]}.{MIN_TORCH[1]} (the sim device "
+            f"torch>={SIM_MIN_TORCH[0]}.{SIM_MIN_TORCH[1]}); this is torch {version}")
+
+
+def running_command_line(argv: list) -> bool:
+    """Whether this process is the package's command line (``python -m flagos_torchfl``, whose
+    ``argv[0]`` is ``"-m"`` while the package is imported, or the ``flagos-torchfl`` script)."""
+    first = str(argv[0]) if argv else ""
+    return first == "-m" or first.replace("\\", "/").rsplit("/", 1)[-1] == "flagos-torchfl"
 
 
 def check_plugin(module: str, version: str | None, tested: tuple[str, ...]) -> None:
@@ -51,6 +73,19 @@ def check_plugin(module: str, version: str | None, tested: tuple[str, ...]) -> N
         return
     tested_text = ", ".join(tested) if tested else "none yet"
     warn_once(module, f"{module} {version} is untested with flagos_torchfl (tested: {tested_text})")
+
+
+def torch_support() -> dict:
+    """The installed torch and the floors (``detect`` shows them)."""
+    import torch
+
+    return {"version": torch.__version__, "minimum": ".".join(map(str, MIN_TORCH)),
+            "sim_minimum": ".".join(map(str, SIM_MIN_TORCH))}
+
+
+def sim_floor_reason(version: str) -> str:
+    """Why the sim cannot run on this torch (the sim's own floor)."""
+    return f"needs torch>={SIM_MIN_TORCH[0]}.{SIM_MIN_TORCH[1]}; this is torch {version}"
 
 
 def require_torch(feature: str, minimum: tuple[int, int], version: str) -> None:
@@ -66,3 +101,238 @@ def warn_once(key: str, message: str) -> None:
         return
     _warned.add(key)
     warnings.warn(message, UserWarning, stacklevel=3)
+
+
+# ---------------------------------------------------------------- torch internals, detected
+
+@dataclass(frozen=True)
+class Feature:
+    """A torch internal the package relies on that not every supported release has."""
+
+    name: str
+    what: str
+    #: torch releases this detection was checked on, with the answer there
+    checked: Dict[str, bool]
+    probe: Callable[[], bool]
+
+
+def _attr(path: str) -> Callable[[], bool]:
+    """A probe: whether dotted ``path`` (``torch.x.y``) resolves, importing modules on the way."""
+
+    def probe() -> bool:
+        import importlib
+
+        parts = path.split(".")
+        try:
+            obj = importlib.import_module(parts[0])
+            for i, part in enumerate(parts[1:], 1):
+                try:
+                    obj = getattr(obj, part)
+                except AttributeError:
+                    obj = importlib.import_module(".".join(parts[: i + 1]))
+        except (ImportError, AttributeError):
+            return False
+        return True
+
+    return probe
+
+
+def _current_accelerator_check_available() -> bool:
+    import inspect
+
+    import torch
+
+    accelerator = getattr(torch, "accelerator", None)
+    return accelerator is not None and "check_available" in inspect.signature(
+        accelerator.current_accelerator).parameters
+
+
+_OLD, _NEW = "2.1.2", "2.13.0"
+FEATURES: Dict[str, Feature] = {f.name: f for f in (
+    Feature("accelerator", "torch.accelerator (the device-generic accelerator API)",
+            {_OLD: False, _NEW: True, "2.14.1": True}, _attr("torch.accelerator")),
+    Feature("accelerator_check_available", "torch.accelerator.current_accelerator(check_available=)",
+            {_OLD: False, _NEW: True, "2.14.1": True}, _current_accelerator_check_available),
+    Feature("get_device_module", "torch.get_device_module(device)",
+            {_OLD: False, _NEW: True, "2.14.1": True}, _attr("torch.get_device_module")),
+    Feature("amp_grad_scaler", "torch.amp.GradScaler (device-generic; before it torch.cuda.amp.GradScaler)",
+            {_OLD: False, _NEW: True, "2.14.1": True}, _attr("torch.amp.GradScaler")),
+    Feature("out_of_memory_error", "torch.OutOfMemoryError (before it torch.cuda.OutOfMemoryError)",
+            {_OLD: False, _NEW: True, "2.14.1": True}, _attr("torch.OutOfMemoryError")),
+    Feature("pytree_tree_leaves", "torch.utils._pytree.tree_leaves",
+            {_OLD: False, _NEW: True, "2.14.1": True}, _attr("torch.utils._pytree.tree_leaves")),
+    Feature("autocast_available", "torch._C._is_autocast_available / _dispatch_key_for_device",
+            {_OLD: False, _NEW: True, "2.14.1": True}, _attr("torch._C._is_autocast_available")),
+    Feature("amp_is_autocast_available", "torch.amp.is_autocast_available(device_type)",
+            {_OLD: False, _NEW: True, "2.14.1": True}, _attr("torch.amp.is_autocast_available")),
+    Feature("autocast_device_queries", "torch.get_autocast_dtype(device_type) / is_autocast_enabled(device_type)",
+            {_OLD: False, _NEW: True, "2.14.1": True}, _attr("torch.get_autocast_dtype")),
+    Feature("library_destroy", "torch.library.Library._destroy (deregisters a Python library's kernels)",
+            {_OLD: False, _NEW: True, "2.14.1": True}, _attr("torch.library.Library._destroy")),
+    Feature("autocast_cpu_float16", "torch.autocast('cpu', dtype=torch.float16)",
+            {_OLD: False, _NEW: True, "2.14.1": True}, lambda: _cpu_autocast_float16()),
+    Feature("cpu_float16_matmul", "float16 matrix products on the CPU (addmm for Half)",
+            {_OLD: False, _NEW: True, "2.14.1": True}, lambda: _cpu_float16_matmul()),
+    Feature("device_mesh", "torch.distributed.device_mesh (init_device_mesh, DeviceMesh)",
+            {_OLD: False, _NEW: True, "2.14.1": True}, _attr("torch.distributed.device_mesh.DeviceMesh")),
+    Feature("python_privateuse1_backend",
+            "a Python-registered PrivateUse1 backend with its own allocator and accelerator hooks (the sim)",
+            {_OLD: False, _NEW: True, "2.14.1": True}, lambda: _torch_at_least(SIM_MIN_TORCH)),
+)}
+
+
+def _cpu_autocast_float16() -> bool:
+    import torch
+
+    try:
+        with torch.autocast("cpu", dtype=torch.float16):
+            return True
+    except RuntimeError:  # torch 2.1: "AutocastCPU only support Bfloat16"
+        return False
+
+
+def _cpu_float16_matmul() -> bool:
+    import torch
+
+    try:
+        torch.nn.functional.linear(torch.ones(1, 2, dtype=torch.half), torch.ones(2, 2, dtype=torch.half))
+        return True
+    except RuntimeError:  # torch 2.1: "addmm_impl_cpu_" not implemented for 'Half'
+        return False
+
+
+def _torch_at_least(minimum: tuple) -> bool:
+    import torch
+
+    return parse_version(torch.__version__)[:2] >= tuple(minimum)
+
+
+@functools.lru_cache(maxsize=None)
+def has(name: str) -> bool:
+    """Whether this torch has feature ``name`` of :data:`FEATURES` (an unknown name raises
+    KeyError naming the known ones)."""
+    if name not in FEATURES:
+        raise KeyError(f"unknown torch feature {name!r}; known: {', '.join(sorted(FEATURES))}")
+    return bool(FEATURES[name].probe())
+
+
+def out_of_memory_error() -> type:
+    """torch's out-of-memory exception type (``torch.OutOfMemoryError`` or, before it,
+    ``torch.cuda.OutOfMemoryError``, the same class)."""
+    import torch
+
+    return torch.OutOfMemoryError if has("out_of_memory_error") else torch.cuda.OutOfMemoryError
+
+
+def grad_scaler_class() -> type:
+    """The device-generic GradScaler (``torch.amp.GradScaler``; before it the CUDA one)."""
+    import torch
+
+    return torch.amp.GradScaler if has("amp_grad_scaler") else torch.cuda.amp.GradScaler
+
+
+def accelerator_module() -> Optional[Any]:
+    """``torch.accelerator``, or None on a torch without it."""
+    import torch
+
+    return torch.accelerator if has("accelerator") else None
+
+
+def tree_leaves(tree: Any) -> list:
+    """The leaves of a pytree (``torch.utils._pytree.tree_leaves``; its flatten before it)."""
+    from torch.utils import _pytree
+
+    if has("pytree_tree_leaves"):
+        return _pytree.tree_leaves(tree)
+    return _pytree.tree_flatten(tree)[0]
+
+
+#: device types with an autocast in a torch that cannot be asked (before amp.is_autocast_available),
+#: and their dispatch-key suffix (torch 2.1's ``autocast.__init__`` accepts these)
+_AUTOCAST_KEYS = {"cpu": "CPU", "cuda": "CUDA", "xpu": "XPU", "hpu": "HPU", "xla": "XLA"}
+
+
+def _old_dispatch_suffix(device_type: str) -> Optional[str]:
+    import torch
+
+    if device_type == torch._C._get_privateuse1_backend_name():
+        return "PrivateUse1"
+    return _AUTOCAST_KEYS.get(device_type)
+
+
+def autocast_available(device_type: str) -> bool:
+    """Whether torch has an autocast for ``device_type``."""
+    import torch
+
+    if has("amp_is_autocast_available"):
+        return torch.amp.is_autocast_available(device_type)
+    return _old_dispatch_suffix(device_type) is not None
+
+
+def autocast_dispatch_suffix(device_type: str) -> str:
+    """The dispatch-key suffix of a device type with autocast (``"CPU"``, ``"PrivateUse1"``);
+    ValueError for one without."""
+    import torch
+
+    if has("autocast_available"):
+        if not torch._C._is_autocast_available(device_type):
+            raise ValueError(f"device type {device_type!r} has no autocast in this PyTorch")
+        return torch._C._dispatch_key_for_device(device_type)
+    suffix = _old_dispatch_suffix(device_type)
+    if suffix is None:
+        raise ValueError(f"device type {device_type!r} has no autocast in this PyTorch")
+    return suffix
+
+
+#: before the device-taking queries: torch's per-device query names (else the device module's)
+_OLD_QUERY_NAMES = {"cpu": "cpu", "cuda": "gpu", "ipu": "ipu", "xla": "xla"}
+
+
+def _old_autocast_query(device_type: str, enabled: bool) -> Optional[Callable[[], Any]]:
+    import torch
+
+    infix = _OLD_QUERY_NAMES.get(device_type)
+    if infix is not None:
+        if enabled:
+            return torch.is_autocast_enabled if device_type == "cuda" else getattr(torch, f"is_autocast_{infix}_enabled")
+        return getattr(torch, f"get_autocast_{infix}_dtype")
+    # a PrivateUse1 device's module answers for it (torch 2.1's autocast requires these)
+    module = getattr(torch, device_type, None)
+    return getattr(module, "is_autocast_enabled" if enabled else "get_autocast_dtype", None)
+
+
+def autocast_dtype(device_type: str):
+    """The autocast dtype in force for ``device_type``."""
+    import torch
+
+    if has("autocast_device_queries"):
+        return torch.get_autocast_dtype(device_type)
+    return _old_autocast_query(device_type, enabled=False)()
+
+
+def autocast_enabled(device_type: str) -> bool:
+    """Whether autocast is on for ``device_type``."""
+    import torch
+
+    if has("autocast_device_queries"):
+        return torch.is_autocast_enabled(device_type)
+    return _old_autocast_query(device_type, enabled=True)()
+
+
+def autocast_query_functions(device_type: str) -> tuple:
+    """On a torch whose autocast queries take no device type: ``(is_enabled, get_dtype)`` of
+    ``device_type``, each taking no argument (None where its device module has none)."""
+    return _old_autocast_query(device_type, True), _old_autocast_query(device_type, False)
+
+
+def destroy_library(library: Any) -> None:
+    """Deregister every kernel of a ``torch.library.Library`` now (``Library._destroy``; before
+    it: forget its registrations and drop its C++ handle, which deregisters them)."""
+    if has("library_destroy"):
+        library._destroy()
+        return
+    import torch.library
+
+    torch.library._impls -= library._op_impls
+    library._op_impls.clear()
+    library.m = None

@@ -21,7 +21,7 @@ import torch
 
 from tests.helpers import clean_env
 
-pytestmark = pytest.mark.isolated
+pytestmark = [pytest.mark.isolated, pytest.mark.needs_sim]
 
 SCRIPT = Path(__file__).parent / "scripts" / "collectives_rank.py"
 ALL = ("collectives", "async_handles", "faults", "ddp", "fsdp2", "dtensor", "dcp")

@@ -3,7 +3,9 @@ import json
 import shutil
 
 import pytest
+import torch
 
+from flagos_torchfl import compat
 from tests.helpers import run_python
 
 KNOWN = {"cuda", "rocm", "ascend", "cambricon", "mthreads", "xpu", "mps", "cpu", "sim"}
@@ -24,8 +26,13 @@ def test_detect_json_lists_every_backend_with_status(detect_json):
     assert cpu["devices"][0]["total_memory"] > 0
     for name in KNOWN - {"cpu", "sim"}:
         assert rows[name]["status"] == "unavailable" and rows[name]["reason"], name
-    assert rows["sim"]["status"] == "on-request" and rows["sim"]["native_ops"] is None
+    if compat.has("python_privateuse1_backend"):
+        assert rows["sim"]["status"] == "on-request" and rows["sim"]["native_ops"] is None
+    else:  # below the sim's own floor
+        assert rows["sim"]["status"] == "unavailable"
+        assert rows["sim"]["reason"] == f"needs torch>=2.9; this is torch {torch.__version__}"
     assert detect_json["auto_select"]["backend"] == "cpu"
+    assert detect_json["torch"] == {"version": torch.__version__, "minimum": "2.1", "sim_minimum": "2.9"}
 
 
 def test_detect_table_is_readable():
@@ -36,7 +43,10 @@ def test_detect_table_is_readable():
     cpu = next(line for line in lines if line.startswith("cpu "))
     assert "available" in cpu and "2 x " in cpu
     assert any(line.startswith("ascend") and "torch_npu is not installed" in line for line in lines)
-    assert any(line.startswith("sim") and "available on request (FL_BACKEND=sim)" in line for line in lines)
+    sim = "available on request (FL_BACKEND=sim)" if compat.has("python_privateuse1_backend") else \
+        "not available: needs torch>=2.9"
+    assert any(line.startswith("sim") and sim in line for line in lines)
+    assert f"TORCH: {torch.__version__} (flagos_torchfl needs torch>=2.1; the sim device torch>=2.9)" in lines
     assert "auto_select_backend() would pick: cpu" in proc.stdout
 
 

@@ -39,6 +39,7 @@ def test_detect_and_env_with_a_bad_timeout_print_one_line_and_fail(value):
         assert "Traceback" not in proc.stderr
 
 
+@pytest.mark.needs_sim
 def test_misconfigured_backend_in_an_ordered_list_is_an_error_not_skipped(monkeypatch):
     monkeypatch.setenv("FL_BACKEND", "sim,cpu")
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "0")  # sim's device count comes from it
@@ -58,6 +59,7 @@ def test_misconfigured_cpu_in_auto_selection_is_an_error(monkeypatch):
         ft.auto_select_backend()
 
 
+@pytest.mark.needs_sim
 def test_huge_device_count_is_bounded_in_detect():
     proc = run_python(["-m", "flagos_torchfl", "detect"], env={"FL_SIM_DEVICES": "100000000"}, timeout=120)
     assert proc.returncode == 0, proc.stderr

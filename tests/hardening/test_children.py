@@ -37,6 +37,7 @@ def run_program(tmp_path, body, env=None):
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.needs_sim
 def test_child_inherits_the_programs_own_init_backend(tmp_path):
     child = run_program(tmp_path, 'ft.init_backend("sim", memory_virtual_limit="64MiB", memory_pool_clear_interval=3)')
     assert child == {"backend": "sim", "devices": [0], "source": "inherited", "limit": "64 MiB",
@@ -59,6 +60,7 @@ def test_child_setting_assignment_is_inherited(tmp_path):
     assert (child["backend"], child["interval"]) == ("cpu", 9)
 
 
+@pytest.mark.needs_sim
 def test_child_with_its_own_device_environment_probes_again(tmp_path):
     script = tmp_path / "main.py"
     (tmp_path / "child.py").write_text(CHILD)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_leaves
+from flagos_torchfl.compat import tree_leaves
 
 
 class InputDtypes(TorchDispatchMode):

@@ -8,6 +8,8 @@ import warnings
 import pytest
 import torch
 
+from flagos_torchfl import compat
+
 from flagos_torchfl.precision import enable_mixed_precision
 
 
@@ -60,6 +62,7 @@ def test_same_losses_as_the_hand_written_twin(loss_module):
     assert train("cpu", False, loss_module=loss_module) == plain  # hooks gone
 
 
+@pytest.mark.torch_feature("autocast_cpu_float16")
 def test_user_autocast_wins():
     torch.manual_seed(0)
     model, x = Net(), torch.randn(2, 16)
@@ -87,19 +90,20 @@ def test_user_autocast_wins():
 def test_autocast_left_after_a_forward_that_raises():
     class Boom(torch.nn.Module):
         def forward(self, x):
-            assert torch.is_autocast_enabled("cpu")
+            assert compat.autocast_enabled("cpu")
             raise ValueError("boom")
     undo = enable_mixed_precision("cpu", torch.bfloat16)
     try:
         with pytest.raises(ValueError):
             Boom()(torch.ones(1))
-        assert not torch.is_autocast_enabled("cpu")
+        assert not compat.autocast_enabled("cpu")
         assert Net()(torch.ones(1, 16)).dtype == torch.bfloat16  # next call starts fresh
     finally:
         undo()
-    assert not torch.is_autocast_enabled("cpu")
+    assert not compat.autocast_enabled("cpu")
 
 
+@pytest.mark.torch_feature("autocast_cpu_float16")
 def test_float16_warns_once_about_loss_scaling_and_bfloat16_does_not():
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

@@ -53,6 +53,7 @@ def test_linear_overrides_pytorchs_own_cpu_rule(model):
         assert lin(x).dtype == torch.bfloat16  # PyTorch's lower-precision rule is back
 
 
+@pytest.mark.torch_feature("cpu_float16_matmul")
 def test_stacked_settings_undo_in_any_order(model):
     lin, _, x = model
     first = set_op_precision("linear", torch.float32, "cpu")

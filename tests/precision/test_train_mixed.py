@@ -11,7 +11,7 @@ import torch
 
 from tests.precision.dtypes import train_tiny_gpt2
 
-pytestmark = pytest.mark.isolated
+pytestmark = [pytest.mark.isolated, pytest.mark.needs_sim]
 
 
 def train(device: str, steps: int = 20):

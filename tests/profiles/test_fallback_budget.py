@@ -34,8 +34,9 @@ def test_a_run_over_a_count_fails_at_exit_naming_the_operators():
     assert done.stdout.rstrip().endswith("DONE")  # the run went to its end
     last = done.stderr.strip().splitlines()[-1]
     assert last.startswith("flagos_torchfl: fallback budget exceeded (FL_FALLBACK_BUDGET=14): 15 host "
-                           "fallback calls, more than the 14 allowed: aten::pow.Tensor_Scalar (3 calls")
-    assert "aten::mean (3 calls" in last
+                           "fallback calls, more than the 14 allowed: aten::")
+    # operators with equal counts are ordered by their measured time share, which varies with load
+    assert "aten::pow.Tensor_Scalar (3 calls" in last and "aten::mean (3 calls" in last
 
 
 def test_a_run_over_a_share_fails_at_exit():

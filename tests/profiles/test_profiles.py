@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 from flagos_torchfl.aten import dispatcher
 from flagos_torchfl.backends import get_backend, op_tables
@@ -38,7 +39,11 @@ def test_each_profile_loads_with_the_chips_own_answers(name):
     assert profile.rename_problem is None  # no other PrivateUse1 backend in this process
     native = native_set(name)
     known, missing = known_table_ops(name)
-    assert native - runtime_primitive_names() <= known and not missing
+    assert native - runtime_primitive_names() <= known
+    if torch.__version__.split("+")[0] == op_tables.load(name).torch_checked:
+        assert not missing  # the release the table was checked against knows every name
+    else:  # another release may lack some (torch 2.14 removed aten::cholesky): not native then
+        assert not native & set(missing)
     assert len(native) > 700
     assert profile.probe().devices[0].total_memory == chip.profile_memory
 

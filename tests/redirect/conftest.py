@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import flagos_torchfl as ft
+from flagos_torchfl import compat
 
 
 def _namespaces():
@@ -31,12 +32,14 @@ def _namespaces():
         "torch.distributed": dist, "c10d": c10d, "torch.nn.parallel": torch.nn.parallel,
         "DDP": torch.nn.parallel.DistributedDataParallel,
         "torch.serialization": torch.serialization, "torch.amp": torch.amp,
-        "autocast": torch.amp.autocast_mode.autocast, "GradScaler": torch.amp.GradScaler,
+        "autocast": torch.amp.autocast_mode.autocast, "GradScaler": compat.grad_scaler_class(),
         "torch.backends": torch.backends, "torch.backends.cuda": torch.backends.cuda,
-        "torch.backends.cudnn": torch.backends.cudnn, "torch.accelerator": torch.accelerator,
-        "torch.cpu": torch.cpu, "DataLoader": torch.utils.data.DataLoader,
+        "torch.backends.cudnn": torch.backends.cudnn, "torch.cpu": torch.cpu,
+        "DataLoader": torch.utils.data.DataLoader,
         "DeviceContext": torch.utils._device.DeviceContext, "torch.random": torch.random,
     }
+    if compat.has("accelerator"):
+        owners["torch.accelerator"] = torch.accelerator
     for name, layer in vars(torch.nn).items():
         if inspect.isclass(layer) and issubclass(layer, torch.nn.Module):
             owners[f"torch.nn.{name}"] = layer

@@ -6,6 +6,8 @@ import time
 import pytest
 import torch
 
+import flagos_torchfl as ft
+
 from flagos_torchfl.errors import UnsupportedFeatureError
 from flagos_torchfl.redirect import DeviceOrdinalError
 from flagos_torchfl.backends.host import HostEvent, InlineStream
@@ -145,6 +147,76 @@ def test_unserved_attributes_raise_on_use_naming_attribute_and_backend(cpu_backe
     assert getattr(torch.cuda, name) is stand_in
 
 
+def _real_cuda(name):
+    import types
+
+    return types.ModuleType.__getattribute__(torch.cuda, name)
+
+
+@pytest.mark.parametrize("name", ["CUDAGraph", "graph", "make_graphed_callables", "utilization",
+                                  "caching_allocator_alloc", "use_mem_pool"])
+def test_stand_ins_introspect_as_what_they_stand_for(cpu_backend, name):
+    """dynamo reads ``torch.cuda.use_mem_pool.__wrapped__`` at import (torch 2.14), inspect,
+    functools.wraps chains and doc tools read the rest."""
+    import functools
+    import inspect
+
+    ft.deactivate()
+    if not hasattr(torch.cuda, name):
+        pytest.skip(f"torch {torch.__version__} has no torch.cuda.{name}")
+    real = getattr(torch.cuda, name)
+    ft.init_backend("cpu")
+    stand_in = getattr(torch.cuda, name)
+    assert stand_in is not real and _real_cuda(name) is real
+    assert stand_in.__wrapped__ is real
+    assert inspect.unwrap(stand_in) is inspect.unwrap(real)
+    for attr in ("__name__", "__qualname__", "__module__", "__doc__"):
+        assert getattr(stand_in, attr) == getattr(real, attr), attr
+    assert inspect.signature(stand_in) == inspect.signature(real)
+
+    @functools.wraps(stand_in)
+    def user_wrapper(*args, **kwargs):
+        return stand_in(*args, **kwargs)
+
+    assert inspect.unwrap(user_wrapper) is inspect.unwrap(real)
+    assert user_wrapper.__name__ == real.__name__
+    with pytest.raises(UnsupportedFeatureError, match=f"torch.cuda.{name} is not available on backend 'cpu'"):
+        user_wrapper()
+
+
+def test_submodule_stand_ins_introspect_as_the_real_submodule(cpu_backend):
+    import inspect
+
+    ft.deactivate()
+    real_module = torch.cuda.memory
+    real = real_module.caching_allocator_alloc
+    ft.init_backend("cpu")
+    assert torch.cuda.memory.__doc__ == real_module.__doc__
+    stand_in = torch.cuda.memory.caching_allocator_alloc
+    assert stand_in.__wrapped__ is real and inspect.signature(stand_in) == inspect.signature(real)
+    assert torch.cuda.Stream.__wrapped__ is type(torch.cuda.current_stream())
+    assert torch.cuda.Stream.__name__ == type(torch.cuda.current_stream()).__name__
+
+
+def test_dynamo_imports_and_optimizers_step_under_the_facade():
+    """A fresh process: the first optimizer step imports torch._dynamo while the facade is active
+    (torch 2.14's dynamo reads ``__wrapped__`` of torch.cuda names; AdamW asks
+    ``torch.accelerator.current_accelerator(check_available=True)``)."""
+    from tests.helpers import run_python
+
+    code = ("import flagos_torchfl as ft, torch, sys; ft.init_backend('cpu')\n"
+            "from flagos_torchfl.compat import parse_version\n"  # torch 2.1 imports dynamo with torch
+            "assert 'torch._dynamo' not in sys.modules or parse_version(torch.__version__) < (2, 2)\n"
+            "m = torch.nn.Linear(3, 1).cuda(); o = torch.optim.AdamW(m.parameters())\n"
+            "m(torch.randn(2, 3, device='cuda')).sum().backward(); o.step()\n"
+            "import torch._dynamo\n"
+            "print('ok', torch.accelerator.current_accelerator(check_available=True)"
+            " if hasattr(torch, 'accelerator') else None)\n")
+    proc = run_python(["-c", code])
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["ok", "None"]
+
+
 def test_backends_flags_are_harmless(cpu_backend):
     torch.backends.cudnn.benchmark = True
     torch.backends.cudnn.deterministic = True
@@ -159,13 +231,21 @@ def test_backends_flags_are_harmless(cpu_backend):
         torch.backends.cuda.cufft_plan_cache.size
 
 
+@pytest.mark.torch_feature("accelerator")
 def test_accelerator_stays_truthful(cpu_backend):
+    """As without this package on the same torch (a CUDA build's device module stays torch.cuda)."""
+    ft.deactivate()
+    plain = (torch.accelerator.is_available(), torch.accelerator.current_accelerator(),
+             torch.get_device_module())
+    ft.init_backend("cpu")
     assert torch.accelerator.is_available() is False
-    assert torch.get_device_module() is torch.cpu
+    assert (torch.accelerator.is_available(), torch.accelerator.current_accelerator(),
+            torch.get_device_module()) == plain
     assert torch.get_device_module("cuda") is torch.cuda
     assert torch.OutOfMemoryError is torch.cuda.OutOfMemoryError
 
 
 def test_private_plumbing_reaches_real_module(cpu_backend):
-    assert torch.cuda._is_compiled() is False
+    assert torch.cuda._is_compiled is _real_cuda("_is_compiled")
+    assert torch.cuda._is_compiled() is hasattr(torch._C, "_cuda_getDeviceCount")  # the build's answer
     assert callable(torch.cuda._lazy_init)

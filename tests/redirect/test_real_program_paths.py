@@ -71,20 +71,20 @@ def test_profiler_with_the_cuda_activity_records_host_work_only(cpu_backend, cap
     assert "CUDA used in profiler" not in capfd.readouterr().err
 
 
-class Scale(torch.autograd.Function):
-    @staticmethod
-    @torch.amp.custom_fwd(device_type="cuda", cast_inputs=torch.float32)
-    def forward(ctx, x):
-        ctx.save_for_backward(x)
-        return x * 2
-
-    @staticmethod
-    @torch.amp.custom_bwd(device_type="cuda")
-    def backward(ctx, grad):
-        return grad * 2
-
-
+@pytest.mark.torch_feature("autocast_device_queries")
 def test_autocast_queries_and_custom_fwd_see_the_active_autocast(cpu_backend):
+    class Scale(torch.autograd.Function):
+        @staticmethod
+        @torch.amp.custom_fwd(device_type="cuda", cast_inputs=torch.float32)
+        def forward(ctx, x):
+            ctx.save_for_backward(x)
+            return x * 2
+
+        @staticmethod
+        @torch.amp.custom_bwd(device_type="cuda")
+        def backward(ctx, grad):
+            return grad * 2
+
     x = torch.ones(2, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     with torch.autocast("cuda"):
         assert torch.is_autocast_enabled("cuda") and torch.is_autocast_enabled()

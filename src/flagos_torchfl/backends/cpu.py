@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 from typing import Mapping, Optional
 
-from .. import variables
+from .. import compat, variables
 from ..config import format_bytes
 from ..errors import ConfigError
 from ..log import get_logger
@@ -104,7 +104,7 @@ class CpuBackend(Backend):
         def check(optimizer, args, kwargs):
             resident, peak = process_memory()
             if resident > limit:
-                raise torch.OutOfMemoryError(
+                raise compat.out_of_memory_error()(
                     f"cpu backend: the process's resident memory {format_bytes(resident)} "
                     f"(peak {format_bytes(peak)}) exceeds memory_virtual_limit "
                     f"{format_bytes(limit)} after an optimizer step. To fit: lower the batch "

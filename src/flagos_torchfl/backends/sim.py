@@ -13,7 +13,7 @@ from types import MappingProxyType
 from typing import Any, FrozenSet, Mapping, Optional
 
 from .. import variables
-from ..errors import ConfigError, PrivateUse1ClaimedError
+from ..errors import BackendUnavailableError, ConfigError, PrivateUse1ClaimedError
 from .base import Backend, DeviceInfo, ProbeResult
 from .cpu import logical_device_count
 
@@ -38,6 +38,13 @@ class SimBackend(Backend):
     provides_deepspeed_accelerator = True  # profiles too: no vendor plugin for DeepSpeed to find
 
     def probe(self, timeout=None, count_ops=True, query_tools=True, driver=None) -> ProbeResult:
+        from .. import compat
+
+        if not compat.has("python_privateuse1_backend"):
+            import torch
+
+            return ProbeResult(backend=self.name, status="unavailable",
+                               reason=compat.sim_floor_reason(torch.__version__))
         result = ProbeResult(backend=self.name, status="on-request")
         try:
             count = logical_device_count(self.devices_env)
@@ -115,7 +122,8 @@ class SimBackend(Backend):
 
         from .. import compat
 
-        compat.require_torch("the sim backend", compat.SIM_MIN_TORCH, torch.__version__)
+        if not compat.has("python_privateuse1_backend"):
+            raise BackendUnavailableError(self.name, compat.sim_floor_reason(torch.__version__))
         from .. import sim
         from ..sim import registration
 

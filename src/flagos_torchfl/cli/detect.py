@@ -5,7 +5,7 @@ import json
 import textwrap
 from typing import Optional
 
-from .. import autoload
+from .. import autoload, compat
 from ..backends import registry
 from ..backends.probe import probe_timeout, query_drivers
 from ..config import format_bytes
@@ -39,7 +39,7 @@ def collect() -> dict:
                      "devices": [], "device_count": 0})
     pick, why = would_pick(probe=lambda name: probes[name])
     return {"backends": rows, "auto_select": {"backend": pick, "why": why}, "sim_profiles": sim_profiles(),
-            "autoload_disabled_for": autoload.disabled_plugins()}
+            "autoload_disabled_for": autoload.disabled_plugins(), "torch": compat.torch_support()}
 
 
 def sim_profiles() -> list:
@@ -117,6 +117,9 @@ def render(data: dict) -> str:
                                break_on_hyphens=False)
     lines += _autoload_note(data.get("autoload_disabled_for") or {})
     lines += ["", *_render_profiles(data["sim_profiles"])]
+    support = data["torch"]
+    lines.append(f"TORCH: {support['version']} (flagos_torchfl needs torch>={support['minimum']}; "
+                 f"the sim device torch>={support['sim_minimum']})")
     pick = data["auto_select"]
     if pick["backend"]:
         lines.append(f"\nauto_select_backend() would pick: {pick['backend']} ({pick['why']})")

@@ -39,7 +39,7 @@ import zipfile
 from importlib.machinery import PathFinder
 from typing import List, Optional, Union
 
-from .. import startup, variables
+from .. import compat, startup, variables
 from ..api import current_backend, deactivate
 from ..errors import ConfigError, UnknownBackendError
 from ..log import LEVELS, get_logger, level_from_env, parse_level
@@ -271,7 +271,7 @@ def set_path0(folder: str) -> None:
 
 def _is_out_of_memory(exc: BaseException) -> bool:
     torch = sys.modules.get("torch")
-    return torch is not None and isinstance(exc, torch.OutOfMemoryError)
+    return torch is not None and isinstance(exc, compat.out_of_memory_error())
 
 
 def run_main(main) -> int:

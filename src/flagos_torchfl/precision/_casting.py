@@ -1,6 +1,6 @@
 """Autocast cast policies as rules for :mod:`._dispatch`, with PyTorch's autocast semantics
 (``aten/src/ATen/autocast_mode.h``): only floating-point tensors on the autocast device, never
-float64, are cast; the lower-precision dtype is ``torch.get_autocast_dtype(device_type)`` at the
+float64, are cast; the lower-precision dtype is ``compat.autocast_dtype(device_type)`` at the
 time of the call; the operator then runs with the autocast key excluded.
 
 Unlike PyTorch's C++ kernels, these rules keep no cache of cast weights: an fp32 weight used by
@@ -12,6 +12,7 @@ from typing import Any, Callable
 
 import torch
 
+from .. import compat
 from ._dispatch import Rule
 
 
@@ -49,7 +50,7 @@ def cast_all(dtype_of: Callable[[], torch.dtype], device_type: str) -> Rule:
 
 def lower_precision(device_type: str) -> Rule:
     """Policy ``lower_precision_fp``: inputs to the autocast dtype in force."""
-    return cast_all(lambda: torch.get_autocast_dtype(device_type), device_type)
+    return cast_all(lambda: compat.autocast_dtype(device_type), device_type)
 
 
 def fixed(dtype: torch.dtype, device_type: str) -> Rule:
@@ -98,7 +99,7 @@ def promote(device_type: str, name: str) -> Rule:
     """Policy ``promote``: run in the widest floating dtype among the eligible inputs (float32 if
     any is float32, else the autocast dtype; float64 inputs are ignored)."""
     def rule(op, args, kwargs):
-        lower = torch.get_autocast_dtype(device_type)
+        lower = compat.autocast_dtype(device_type)
         widest = lower
         for t in _tensors(args, kwargs):
             if t.device.type != device_type or not t.is_floating_point() or t.dtype == torch.float64:

@@ -18,6 +18,8 @@ from typing import Any, Callable, Dict, List, Tuple
 
 import torch
 
+from .. import compat
+
 Rule = Callable[[Any, tuple, dict], Any]
 
 _lock = threading.Lock()
@@ -29,9 +31,7 @@ def autocast_key(device_type: str) -> str:
     """The autocast dispatch key of a device type: ``"cpu"`` -> ``"AutocastCPU"``, ``"cuda"`` ->
     ``"AutocastCUDA"``, the PrivateUse1 device type (``"sim"``, ``"npu"`` ...) ->
     ``"AutocastPrivateUse1"``. Raises ValueError for a device type without autocast."""
-    if not torch._C._is_autocast_available(device_type):
-        raise ValueError(f"device type {device_type!r} has no autocast in this PyTorch")
-    key = "Autocast" + torch._C._dispatch_key_for_device(device_type)
+    key = "Autocast" + compat.autocast_dispatch_suffix(device_type)
     if not hasattr(torch._C.DispatchKey, key):
         raise ValueError(f"device type {device_type!r} has no autocast dispatch key ({key})")
     return key
@@ -90,6 +90,6 @@ def push(dispatch_key: str, name: str, rule: Rule) -> Callable[[], None]:
             slot.rules[:] = [r for r in slot.rules if r[0] != token]
             if not slot.rules and _slots.get((dispatch_key, name)) is slot:
                 del _slots[(dispatch_key, name)]
-                slot.library._destroy()
+                compat.destroy_library(slot.library)
 
     return remove

@@ -24,6 +24,7 @@ from typing import Callable, List, Optional
 
 import torch
 
+from .. import compat
 from ..log import get_logger
 from . import _dispatch
 from .auto_mixed import enable_mixed_precision
@@ -60,7 +61,7 @@ def _mixed_precision(selection) -> Optional[Callable[[], None]]:
     supports_bf16 = getattr(chip.device_module(), "is_bf16_supported", None)
     if dtype == torch.bfloat16 and supports_bf16 is not None and not supports_bf16():
         dtype = torch.float16  # e.g. an NVIDIA GPU older than Ampere
-    if not torch.amp.is_autocast_available(chip.device_type):
+    if not compat.autocast_available(chip.device_type):
         log.warning("enable_mixed_precision=True not applied on backend %s: PyTorch has no "
                     "autocast for device type %r", chip.name, chip.device_type)
         return None
@@ -75,7 +76,7 @@ def activate(selection) -> Optional[Callable[[], None]]:
     undos: List[Callable[[], None]] = []
     try:
         key = (_dispatch.autocast_key(chip.device_type)
-               if torch.amp.is_autocast_available(chip.device_type) else None)
+               if compat.autocast_available(chip.device_type) else None)
         if key is not None and not autocast_casts(key):
             registration = register_autocast_rules(chip.device_type, key)
             log.info("autocast on %s: CUDA's lists registered at %s (%d operators)",

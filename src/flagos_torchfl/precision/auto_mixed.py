@@ -30,6 +30,8 @@ from typing import Callable
 import torch
 from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
 
+from .. import compat
+
 LOW_DTYPES = (torch.bfloat16, torch.float16)
 
 FP16_WARNING = (
@@ -51,7 +53,7 @@ def enable_mixed_precision(device_type: str, dtype: torch.dtype) -> Callable[[],
     at that moment finishes in autocast)."""
     if dtype not in LOW_DTYPES:
         raise ValueError(f"mixed precision dtype must be torch.bfloat16 or torch.float16, not {dtype!r}")
-    if not torch.amp.is_autocast_available(device_type):
+    if not compat.autocast_available(device_type):
         raise ValueError(f"device type {device_type!r} has no autocast in this PyTorch")
     if dtype == torch.float16:
         warnings.warn(FP16_WARNING, UserWarning, stacklevel=2)

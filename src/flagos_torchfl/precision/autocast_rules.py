@@ -97,14 +97,19 @@ def register_autocast_rules(device_type: str, dispatch_key: Optional[str] = None
 
     Returns a :class:`Registration`; call it to remove the kernels again. Raises ValueError for a
     device type without autocast, a key that is not an autocast key, or an operator not in
-    CUDA's lists."""
+    CUDA's lists. The lists come from one torch release; operators an older torch lacks
+    (``aten::rms_norm`` before 2.4) are left out of the default set here."""
     key = _dispatch.check_key(dispatch_key or _dispatch.autocast_key(device_type))
     policies = listed_ops()
-    chosen = list(policies) if ops is None else list(ops)
+    present = frozenset(dispatcher.all_aten())
+    chosen = [op for op in policies if op in present] if ops is None else list(ops)
     unknown = [op for op in chosen if op not in policies]
     if unknown:
         raise ValueError(f"not in CUDA's autocast lists: {', '.join(unknown)}; "
                          f"valid: the {len(policies)} operators of listed_ops()")
+    absent = [op for op in chosen if op not in present]
+    if absent:
+        raise ValueError(f"not in this torch ({torch.__version__}): {', '.join(absent)}")
     registered, kept, removers = [], [], []
     try:
         for name in chosen:

@@ -16,7 +16,9 @@ from dataclasses import dataclass
 from typing import Any, Dict, List, Optional
 
 import torch
-from torch.utils._pytree import tree_leaves, tree_map
+from torch.utils._pytree import tree_map
+
+from ..compat import tree_leaves
 
 
 @dataclass(frozen=True)

@@ -23,9 +23,9 @@ from typing import Any, Callable, List, Mapping, Optional
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_leaves
 
 from .. import variables
+from ..compat import tree_leaves
 from ..errors import FlagOSError
 
 RouteOf = Callable[[str], str]

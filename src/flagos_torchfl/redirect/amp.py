@@ -6,9 +6,11 @@ declares (bfloat16 on the CPU) — ``torch.cuda.amp.autocast()``'s float16 defau
 from __future__ import annotations
 
 import functools
+import warnings
 
 import torch
 
+from .. import compat
 from .devices import Target
 from .patches import Patcher, patch_function
 
@@ -38,13 +40,33 @@ def patch_autocast(target: Target, patcher: Patcher) -> None:
 @patch_function("grad_scaler")
 def patch_grad_scaler(target: Target, patcher: Patcher) -> None:
     """``torch.amp.GradScaler()`` (its default device is "cuda"), ``GradScaler("cuda")`` and
-    ``torch.cuda.amp.GradScaler()``: a scaler for the backend's device type."""
+    ``torch.cuda.amp.GradScaler()``: a scaler for the backend's device type. A torch without
+    ``torch.amp.GradScaler`` has CUDA's only: off CUDA it is disabled with torch's own warning,
+    as it is without this package on a machine without CUDA."""
+    if not compat.has("amp_grad_scaler"):
+        _patch_cuda_only_grad_scaler(target, patcher)
+        return
     scaler = torch.amp.GradScaler
     original = scaler.__init__
 
     @functools.wraps(original)
     def __init__(self, device="cuda", *args, **kwargs):
         original(self, target.translate_type(device), *args, **kwargs)
+
+    patcher.setattr(scaler, "__init__", __init__)
+
+
+def _patch_cuda_only_grad_scaler(target: Target, patcher: Patcher) -> None:
+    scaler = torch.cuda.amp.GradScaler
+    original = scaler.__init__
+
+    @functools.wraps(original)
+    def __init__(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        if self._enabled and not target.native:
+            warnings.warn("torch.cuda.amp.GradScaler is enabled, but CUDA is not available.  "
+                          "Disabling.")
+            self._enabled = False
 
     patcher.setattr(scaler, "__init__", __init__)
 
@@ -57,7 +79,16 @@ def patch_autocast_queries(target: Target, patcher: Patcher) -> None:
     The setters ``torch.set_autocast_enabled("cuda", ...)`` and ``torch.set_autocast_dtype("cuda",
     ...)`` set what those queries read: code that saves an answer and restores it later
     (``torch.compile`` does, for every tracing) restores the state it read, never another device
-    type's."""
+    type's.
+    A torch whose queries take no device type (before 2.4) has CUDA's in ``torch.is_autocast_enabled()``
+    and ``torch.get_autocast_gpu_dtype()``: they answer for the backend's device type."""
+    if not compat.has("autocast_device_queries"):
+        enabled, dtype = compat.autocast_query_functions(target.device_type)
+        if enabled is None or dtype is None:
+            return
+        patcher.setattr(torch, "is_autocast_enabled", functools.wraps(torch.is_autocast_enabled)(lambda: enabled()))
+        patcher.setattr(torch, "get_autocast_gpu_dtype", functools.wraps(torch.get_autocast_gpu_dtype)(lambda: dtype()))
+        return
     mode = torch.amp.autocast_mode
     real_enabled, real_dtype, real_cast = torch.is_autocast_enabled, torch.get_autocast_dtype, mode._cast
     real_set_enabled, real_set_dtype = torch.set_autocast_enabled, torch.set_autocast_dtype

@@ -16,6 +16,7 @@ from typing import Any, Callable, Dict, Iterable
 
 import torch
 
+from .. import compat
 from ..backends.device_modules import missing_uses
 from ..backends.host import DeviceProperties, HostRuntime
 from ..backends.memory import real
@@ -128,27 +129,28 @@ class CudaFacade:
                 delegate = self._mod(self.t.chip.cuda_counterparts[name])
             if delegate is not None:
                 return delegate
-        stand_in = self._table[name] = self._unserved(name)
+        stand_in = self._table[name] = self._unserved(name, real)
         return stand_in
 
-    def _unserved(self, name: str) -> type:
+    def _unserved(self, name: str, real: Any) -> type:
         """The stand-in for a name the backend's module cannot answer. Where the chip's device
         module table (``Backend.device_module_table``) lacks the name and its counterpart, the
         error names the chip and its module, and each use is counted for the verdict
         (:data:`~flagos_torchfl.backends.device_modules.missing_uses`); where the chip has it
-        but this backend's module does not (a sim profile), the error says so."""
+        but this backend's module does not (a sim profile), the error says so. The stand-in
+        carries ``real``'s introspection (the ``torch.cuda`` object it stands for)."""
         table = self.t.chip.device_module_table()
         if table is None or name.startswith("_"):
-            return unserved(name, self.t)
+            return unserved(name, self.t, real=real)
         counterpart = self.t.chip.cuda_counterparts.get(name)
         theirs = next((n for n in (counterpart, name) if n in table.names), None)
         if theirs is not None:
             why = f"{table.chip} has {table.device_module}.{theirs}, but this backend's device module does not provide it"
-            return unserved(name, self.t, reason=(f"backend {self.t.backend!r}", why))
+            return unserved(name, self.t, reason=(f"backend {self.t.backend!r}", why), real=real)
         also = f" (nor {counterpart})" if counterpart else ""
         why = f"{table.device_module} of {table.origin} has no {name}{also}"
         return unserved(name, self.t, reason=(table.chip, why),
-                        on_use=lambda: missing_uses.record(table.chip, name))
+                        on_use=lambda: missing_uses.record(table.chip, name), real=real)
 
     # -------------------------------------------------------------- the table
     def served(self) -> Dict[str, Any]:
@@ -190,7 +192,7 @@ class CudaFacade:
             "is_bf16_supported": f.is_bf16_supported,
             "is_current_stream_capturing": lambda: False,
             "ipc_collect": f.ipc_collect,
-            "OutOfMemoryError": torch.OutOfMemoryError,
+            "OutOfMemoryError": compat.out_of_memory_error(),
             "StreamContext": f.stream_context_class(),
             "default_generators": f.default_generators(),
             "amp": self._cuda.amp,
@@ -208,8 +210,12 @@ class CudaFacade:
     def is_available(self, _frame: Callable = sys._getframe) -> bool:
         """True, except for callers inside a package that loads CUDA kernels when CUDA is
         available (``CUDA_KERNEL_PACKAGES`` and ``FL_CUDA_KERNEL_PACKAGES``): those are told the
-        truth, so they stay on their CPU path instead of reaching for CUDA's runtime."""
+        truth, so they stay on their CPU path instead of reaching for CUDA's runtime. So is
+        ``torch.accelerator``, which stays truthful: on a CUDA build of torch without a GPU,
+        ``current_accelerator(check_available=True)`` (AdamW's step asks it) stays None."""
         caller = _frame(1).f_globals.get("__name__") or ""
+        if caller == "torch.accelerator":
+            return types.ModuleType.__getattribute__(self._cuda, "is_available")()
         return caller.partition(".")[0] not in self._cuda_kernel_packages
 
     def device_count(self) -> int:
@@ -315,7 +321,8 @@ class CudaFacade:
     def _streams(self) -> Any:
         """What answers the stream functions: the device module, or inline host streams
         (:class:`~flagos_torchfl.backends.host.HostRuntime`) where the module has none."""
-        return self.t.module if self._mod("Stream") is not None else _INLINE_STREAMS
+        has_streams = self._mod("Stream") is not None and self._mod("Event") is not None
+        return self.t.module if has_streams else _INLINE_STREAMS  # torch 2.1's torch.cpu: no Event
 
     def stream_class(self) -> Any:
         """The backend's Stream class, constructed with a logical ``device=``."""

@@ -16,6 +16,7 @@ from typing import Any, Optional
 
 import torch
 
+from .. import compat
 from .devices import Target
 from .patches import Patcher, patch_function, with_edited_arguments
 
@@ -143,6 +144,8 @@ def patch_device_mesh(target: Target, patcher: Patcher) -> None:
     backend's device type (FSDP2, DTensor and tensor parallelism take their device from it)."""
     if not torch.distributed.is_available():  # the module holds stubs that raise on use
         return
+    if not compat.has("device_mesh"):
+        return  # a torch without DeviceMesh
     from torch.distributed import device_mesh
 
     def edit(values: dict) -> None:

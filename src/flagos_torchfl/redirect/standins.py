@@ -10,6 +10,7 @@ under the CUDA name (``torch.cuda.Stream`` constructing the backend's stream).
 """
 from __future__ import annotations
 
+import functools
 import types
 from typing import Any, Callable, Dict, Optional, Tuple
 
@@ -23,7 +24,8 @@ HINTS = {
     "CUDAGraph": "CUDA graphs are a CUDA-only feature",
     "make_graphed_callables": "CUDA graphs are a CUDA-only feature",
 }
-#: the legacy ``torch.cuda.<X>Tensor`` types and their dtypes
+#: no stand-in in hand for the real object
+_MISSING = object()
 
 def unsupported(name: str, target: Target, where: str = "torch.cuda",
                 reason: Optional[Tuple[str, str]] = None) -> UnsupportedFeatureError:
@@ -52,10 +54,32 @@ class _UnservedMeta(type):
         raise cls._error()
 
 
+def introspection(real: Any) -> Dict[str, Any]:
+    """What ``functools.wraps(real)`` gives a wrapper, as class attributes: ``__wrapped__`` (so
+    ``inspect.unwrap`` and ``inspect.signature`` reach ``real`` and its own wrapped chain),
+    ``__name__``, ``__qualname__``, ``__module__``, ``__doc__``, ``__annotations__``, and a
+    function's own attributes. Code that inspects ``torch.cuda`` names at import (dynamo reads
+    ``torch.cuda.use_mem_pool.__wrapped__``) sees what it would see without the facade."""
+    found: Dict[str, Any] = {}
+    if isinstance(real, types.FunctionType):
+        found.update((k, v) for k, v in vars(real).items() if not k.startswith("__"))
+    for attr in functools.WRAPPER_ASSIGNMENTS:
+        try:
+            value = getattr(real, attr)
+        except Exception:  # noqa: BLE001 - a missing or raising attribute is simply not copied
+            continue
+        if attr in ("__name__", "__qualname__", "__module__") and not isinstance(value, str):
+            continue
+        found[attr] = value
+    found["__wrapped__"] = real
+    return found
+
+
 def unserved(name: str, target: Target, where: str = "torch.cuda", reason: Optional[Tuple[str, str]] = None,
-             on_use: Optional[Callable[[], None]] = None) -> type:
+             on_use: Optional[Callable[[], None]] = None, real: Any = _MISSING) -> type:
     """The stand-in for ``where.name``: a class that raises UnsupportedFeatureError on use
-    (``reason`` as for :func:`unsupported`), calling ``on_use`` first."""
+    (``reason`` as for :func:`unsupported`), calling ``on_use`` first. Given the ``real`` object
+    it stands for, it carries that object's introspection attributes (:func:`introspection`)."""
     error = unsupported(name, target, where, reason)
 
     def _error() -> UnsupportedFeatureError:
@@ -63,7 +87,11 @@ def unserved(name: str, target: Target, where: str = "torch.cuda", reason: Optio
             on_use()
         return UnsupportedFeatureError(str(error))
 
-    return _UnservedMeta(name, (), {"_error": staticmethod(_error), "__module__": where, "__doc__": str(error)})
+    namespace: Dict[str, Any] = {"__module__": where, "__doc__": str(error), "__qualname__": name}
+    if real is not _MISSING:
+        namespace.update(introspection(real))
+    namespace["_error"] = staticmethod(_error)
+    return _UnservedMeta(namespace.get("__name__", name), (), namespace)
 
 
 def alias_class(real: type, make: Callable[..., Any], module: str = "torch.cuda") -> type:
@@ -80,7 +108,9 @@ def alias_class(real: type, make: Callable[..., Any], module: str = "torch.cuda"
     def __new__(cls, *args, **kwargs):
         return make(*args, **kwargs)
 
-    return _Meta(real.__name__, (), {"__new__": __new__, "__module__": module, "__doc__": real.__doc__})
+    namespace = introspection(real)
+    namespace.update(__new__=__new__, __module__=module)
+    return _Meta(real.__name__, (), namespace)
 
 
 class Namespace(types.ModuleType):
@@ -88,7 +118,7 @@ class Namespace(types.ModuleType):
     submodule, unserved stand-ins for its other names, AttributeError for names it lacks."""
 
     def __init__(self, name: str, served: Dict[str, Any], real: Any, target: Target):
-        super().__init__(name)
+        super().__init__(name, getattr(real, "__doc__", None))
         self.__dict__.update(served)
         self._real, self._target = real, target
 
@@ -99,6 +129,7 @@ class Namespace(types.ModuleType):
             return getattr(self._real, name)
         if self._real is not None and not hasattr(self._real, name):
             raise AttributeError(f"module {self.__name__!r} has no attribute {name!r}")
-        stand_in = unserved(name, self._target, self.__name__)
+        stand_in = unserved(name, self._target, self.__name__,
+                            _MISSING if self._real is None else getattr(self._real, name, _MISSING))
         setattr(self, name, stand_in)
         return stand_in

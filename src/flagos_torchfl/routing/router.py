@@ -16,6 +16,7 @@ from typing import Any, Callable, Dict, FrozenSet, List, Mapping, Optional, Tupl
 
 import torch
 
+from .. import compat
 from ..errors import OperatorNotSupportedError
 from ..log import get_logger
 from ..aten import dispatcher
@@ -366,7 +367,7 @@ class Router:
     def uninstall(self) -> None:
         """Remove every registration this router made."""
         for lib in reversed(self._libs):
-            lib._destroy()
+            compat.destroy_library(lib)
         self._libs.clear()
         self.registered.clear()
         self.uses_fallback = False
