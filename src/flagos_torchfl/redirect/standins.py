@@ -130,6 +130,6 @@ class Namespace(types.ModuleType):
         if self._real is not None and not hasattr(self._real, name):
             raise AttributeError(f"module {self.__name__!r} has no attribute {name!r}")
         stand_in = unserved(name, self._target, self.__name__,
-                            _MISSING if self._real is None else getattr(self._real, name, _MISSING))
+                            real=_MISSING if self._real is None else getattr(self._real, name, _MISSING))
         setattr(self, name, stand_in)
         return stand_in
