@@ -25,7 +25,11 @@ CLIENT_ARGS = {"fsdp1_device_id": [], "fsdp2_dcp": ["{out}/ckpt"], "tensor_paral
 RUNS = [("before", "sim"), ("after", "sim"), ("reactivated", "sim"), ("deactivated", "sim"),
         ("before", "cpu"), ("deactivated", "cpu")]
 #: the patches still waiting once the order is set up: none when the modules came first
-WAITING = {"before": [], "deactivated": [], "after": ["fsdp_device_id"], "reactivated": ["fsdp_device_id"]}
+#: the patches still waiting when the client starts training: FSDP1's unless the program imported
+#: FSDP first, and DeepSpeed's (these programs never import DeepSpeed)
+WAITING = {"before": ["deepspeed_accelerator"], "deactivated": ["deepspeed_accelerator"],
+           "after": ["fsdp_device_id", "deepspeed_accelerator"],
+           "reactivated": ["fsdp_device_id", "deepspeed_accelerator"]}
 
 
 @pytest.fixture(scope="module")
