@@ -72,10 +72,13 @@ def losses(output: str) -> list:
 
 
 @pytest.fixture(scope="module")
-def runs():
-    """Every run the module needs, two at a time (the machine has two cores)."""
+def runs(request):
+    """Every run the selected tests need (all scripts, unless ``-k`` picks some), two at a time
+    (the machine has two cores)."""
     reference = "plain" if _native_cuda() else "twin"
-    jobs = [(m, s) for s in SCRIPTS for m in (reference, *MODES)]
+    selected = {item.callspec.params["script"] for item in request.session.items
+                if item.module is request.module and "script" in getattr(getattr(item, "callspec", None), "params", {})}
+    jobs = [(m, s) for s in SCRIPTS if s in selected for m in (reference, *MODES)]
     with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
         results = dict(zip(jobs, pool.map(lambda job: _run(*job), jobs)))
     return reference, results
