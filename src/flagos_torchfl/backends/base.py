@@ -134,6 +134,11 @@ class Backend:
     #: ``torch.cuda`` names whose counterpart in the chip's device module has another name
     #: (``{"CUDAGraph": "NPUGraph", "nvtx": "mstx"}``); the facade answers them with it
     cuda_counterparts: Mapping[str, str] = MappingProxyType({})
+    #: whether the redirect must resolve the chip's own device type without an index (``"sim"``)
+    #: to the device module's current device itself, because the chip's C++ device guard cannot
+    #: (a Python-registered PrivateUse1 backend); False: it is passed on unchanged, and the
+    #: chip resolves it when it is used (no early runtime start, no ``current_device()`` asked)
+    resolves_unindexed_device: bool = False
 
     # ----------------------------------------------------------------- probing
     def probe(self, timeout: Optional[float] = None, count_ops: bool = True, query_tools: bool = True,
