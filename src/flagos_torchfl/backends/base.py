@@ -10,6 +10,7 @@ import dataclasses
 import importlib
 import importlib.util
 import os
+import sys
 from types import MappingProxyType
 from typing import Any, Callable, FrozenSet, List, Mapping, Optional, Tuple
 
@@ -217,8 +218,10 @@ class Backend:
         if self.plugin_module:
             if not self.plugin_found():
                 raise Unavailable(f"{self.plugin_module} is not installed")
-            problem = autoload.plugin_problem(self.plugin_module)
-            if problem:  # it failed in the start-up probe: importing it here would fail again
+            # a failure the start-up probe recorded means importing it here would fail again,
+            # unless this process has imported it already (the program's own ``import torch_npu``)
+            problem = None if self.plugin_module in sys.modules else autoload.plugin_problem(self.plugin_module)
+            if problem:
                 raise Unavailable(problem)
             _, problem = _probe.call_with_timeout(
                 lambda: importlib.import_module(self.plugin_module), timeout,
@@ -246,8 +249,6 @@ class Backend:
     def runtime_version(self, module: Any) -> Optional[str]:
         """The version of the plugin (or torch's runtime) driving this chip."""
         if self.plugin_module:
-            import sys
-
             return getattr(sys.modules.get(self.plugin_module), "__version__", None)
         return None
 
@@ -376,8 +377,6 @@ class Backend:
     def _import_plugin(self) -> None:
         """Import the vendor plugin if no probe of this process has (a child reusing its
         parent's probe); BackendUnavailableError when it cannot be imported."""
-        import sys
-
         if self.plugin_module in sys.modules:
             return
         try:
