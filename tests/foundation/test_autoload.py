@@ -161,3 +161,49 @@ def test_a_child_with_another_library_path_probes_again(tmp_path):
     proc = run_python(["-c", code], env=prepend_path({}, "PYTHONPATH", tmp_path), timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout.splitlines()[-1]) == [True, False, False, None]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rpartition(")")[2].split()[0] not in ("Z", "X")
+    except OSError:
+        return False
+
+
+def test_ctrl_c_during_the_probe_kills_the_probe(tmp_path):
+    # fault injected: a plugin hangs in the probe and the user presses Ctrl-C meanwhile
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from tests.helpers import clean_env
+
+    marker = tmp_path / "probe.pid"
+    fake_plugin(tmp_path, "stuck_plugin", f"""
+        import os, time
+        open({str(marker)!r}, "w").write(str(os.getpid()))
+        time.sleep(600)
+    """)
+    code = textwrap.dedent(GUARD) + "guard.guard(dict(os.environ))\n"
+    env = clean_env(prepend_path({"FL_PROBE_TIMEOUT": "300"}, "PYTHONPATH", tmp_path))
+    proc = subprocess.Popen([sys.executable, "-c", code], env=env, stderr=subprocess.PIPE, text=True)
+    probe = None
+    try:
+        deadline = time.monotonic() + 120
+        while not (marker.exists() and marker.read_text()) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        probe = int(marker.read_text())
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+        assert "KeyboardInterrupt" in err
+        deadline = time.monotonic() + 10
+        while _alive(probe) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not _alive(probe), "the probe outlived the interrupted guard"
+    finally:
+        proc.kill()
+        if probe is not None and _alive(probe):
+            os.kill(probe, signal.SIGKILL)
