@@ -207,3 +207,21 @@ def test_ctrl_c_during_the_probe_kills_the_probe(tmp_path):
         proc.kill()
         if probe is not None and _alive(probe):
             os.kill(probe, signal.SIGKILL)
+
+
+def test_a_failing_plugin_check_warns_once_and_the_program_goes_on(tmp_path):
+    # fault injected: a device plugin whose METADATA is not UTF-8; torch loads the plugin itself
+    # (it reads only entry_points.txt), the start-up check cannot read the distribution
+    (tmp_path / "odd_plugin.py").write_text("LOADED = []\ndef load():\n    LOADED.append(1)\n")
+    info = tmp_path / "odd_plugin-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_bytes(b"Metadata-Version: 2.1\nName: odd_plugin\nSummary: \xff\xfe\n")
+    (info / "entry_points.txt").write_text("[torch.backends]\nodd_plugin = odd_plugin:load\n")
+    env = prepend_path({"FL_ACTIVATE": "1", "FL_BACKEND": "cpu"}, "PYTHONPATH", tmp_path)
+    prepend_path(env, "PYTHONPATH", ROOT / "src" / "flagos_torchfl" / "bootstrap")
+    proc = run_python(["-c", "import torch, odd_plugin; x = torch.ones(2, device='cuda'); print(odd_plugin.LOADED, x.sum().item())"],
+                      env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["[1]", "2.0"]
+    lines = [line for line in proc.stderr.splitlines() if "device-plugin check failed" in line]
+    assert len(lines) == 1 and "UnicodeDecodeError" in lines[0], proc.stderr
