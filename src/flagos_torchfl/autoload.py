@@ -6,7 +6,9 @@ package starts an interpreter — its command line and the processes the launche
 (``bootstrap/sitecustomize.py``) — :func:`guard` runs first: it loads the plugins in a child
 interpreter (bounded by ``FL_PROBE_TIMEOUT``), and when one fails it sets
 ``TORCH_DEVICE_BACKEND_AUTOLOAD=0`` so torch imports without them, and records why each failed in
-the internal variable ``FL_PLUGIN_AUTOLOAD``. Children inherit both and probe nothing again. A
+the internal variable ``FL_PLUGIN_AUTOLOAD``. Children inherit both and probe nothing again (a child with another
+interpreter or ``LD_LIBRARY_PATH`` probes afresh). A load that only timed out is recorded as
+such, not as a failure: the backend's own bounded import tries it once. A
 ``TORCH_DEVICE_BACKEND_AUTOLOAD`` the user set is left as it is, and nothing is probed then.
 Where no plugin is installed the record says so too, so that children do not scan the installed
 distributions again (about 50 to 90 ms each here).
@@ -28,7 +30,7 @@ import signal
 import subprocess
 import sys
 from importlib import metadata
-from typing import Dict, List, Mapping, MutableMapping, Optional, Tuple
+from typing import Dict, List, Mapping, MutableMapping, Optional, Set, Tuple
 
 #: torch's switch for the auto-load (read at ``import torch``)
 AUTOLOAD = "TORCH_DEVICE_BACKEND_AUTOLOAD"
@@ -41,14 +43,15 @@ _MISSING_LIBRARY = re.compile(r"(lib[\w.+\-]*?\.so)(?:\.[\d.]+)?: cannot open sh
 
 #: what the child interpreter runs: import torch without auto-load, then load and call each
 #: plugin's entry point as torch would, each bounded by the timeout (argv[1]) through a watchdog
-#: that reports the hang and ends the child; prints one JSON line: entry point -> error or None
+#: that reports the hang and ends the child; prints one JSON line: {"errors": entry point -> error
+#: or None, "timed_out": the entry points whose load did not finish}
 _PROBE = r"""
 import json, os, sys, threading
 os.environ["TORCH_DEVICE_BACKEND_AUTOLOAD"] = "0"
-timeout, result = float(sys.argv[1]), {}
+timeout, result, timed_out = float(sys.argv[1]), {}, []
 
 def report():
-    sys.stdout.write("\n" + json.dumps(result) + "\n")
+    sys.stdout.write("\n" + json.dumps({"errors": result, "timed_out": timed_out}) + "\n")
     sys.stdout.flush()
 
 try:
@@ -60,6 +63,7 @@ else:
     for ep in entry_points(group="torch.backends"):
         def hung(name=ep.name):
             result[name] = "loading %s did not finish within %g s (FL_PROBE_TIMEOUT)" % (name, timeout)
+            timed_out.append(name)
             report()
             os._exit(0)
         watchdog = threading.Timer(timeout, hung)
@@ -110,7 +114,7 @@ def guard(environ: MutableMapping[str, str] = os.environ) -> Optional[dict]:
         return None
     record = _record(environ)
     if record is not None:
-        if record.get("python") == sys.executable:
+        if _current(record, environ):
             return record
         if record.get("disabled"):  # ours, made for another interpreter: decide afresh
             environ.pop(AUTOLOAD, None)
@@ -118,12 +122,15 @@ def guard(environ: MutableMapping[str, str] = os.environ) -> Optional[dict]:
     if AUTOLOAD in environ:
         return None
     plugins = plugin_entry_points()
-    errors = _probe_plugins(plugins, probe_timeout(environ), environ) if plugins else {}
-    record = {"python": sys.executable, "disabled": False, "plugins": {}}
+    errors, timed_out = _probe_plugins(plugins, probe_timeout(environ), environ) if plugins else ({}, set())
+    record = {"python": sys.executable, "library_path": environ.get("LD_LIBRARY_PATH", ""),
+              "disabled": False, "plugins": {}}
     for plugin in plugins:
         error = errors.get(plugin["entry_point"], errors.get(""))
         reason = explain(plugin["module"], error, plugin["dist"], plugin["version"]) if error else None
-        record["plugins"][plugin["module"]] = {**plugin, "error": error, "reason": reason}
+        record["plugins"][plugin["module"]] = {
+            **plugin, "error": error, "reason": reason,
+            "timed_out": bool(error) and (plugin["entry_point"] in timed_out or "" in timed_out)}
         record["disabled"] = record["disabled"] or error is not None
     if record["disabled"]:
         environ[AUTOLOAD] = "0"
@@ -139,11 +146,20 @@ def _record(environ: Mapping[str, str]) -> Optional[dict]:
     return record if isinstance(record, dict) else None
 
 
-def _probe_plugins(plugins: List[dict], timeout: float, environ: Mapping[str, str]) -> Dict[str, Optional[str]]:
-    """Entry point name -> error text (None: it loaded) from a child interpreter, each plugin's
-    load bounded by ``timeout``. A child that does not end in time for all of them plus
-    :data:`TORCH_IMPORT_ALLOWANCE` (torch's own import), or dies, gives every plugin that error;
-    its whole process group is killed."""
+def _current(record: dict, environ: Mapping[str, str]) -> bool:
+    """Whether ``record`` was made for this interpreter and library path (another one may load
+    the plugins differently: the guard decides afresh for it)."""
+    return (record.get("python") == sys.executable
+            and record.get("library_path") == environ.get("LD_LIBRARY_PATH", ""))
+
+
+def _probe_plugins(plugins: List[dict], timeout: float,
+                   environ: Mapping[str, str]) -> Tuple[Dict[str, Optional[str]], Set[str]]:
+    """(entry point name -> error text (None: it loaded), the names whose load timed out) from a
+    child interpreter, each plugin's load bounded by ``timeout``. A child that does not end in
+    time for all of them plus :data:`TORCH_IMPORT_ALLOWANCE` (torch's own import), or dies,
+    gives every plugin that error (under the name ``""``); its whole process group is killed,
+    also when this process is interrupted while it waits."""
     env = dict(environ)
     env[AUTOLOAD] = "0"
     env.pop("FL_ACTIVATE", None)  # the child must not activate through the start-up hook
@@ -151,7 +167,7 @@ def _probe_plugins(plugins: List[dict], timeout: float, environ: Mapping[str, st
         proc = subprocess.Popen([sys.executable, "-c", _PROBE, repr(timeout)], stdin=subprocess.DEVNULL,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, start_new_session=True)
     except OSError as exc:
-        return {"": f"the plugin probe could not start: {exc}"}
+        return {"": f"the plugin probe could not start: {exc}"}, set()
     limit = timeout * len(plugins) + TORCH_IMPORT_ALLOWANCE
     try:
         out, err = proc.communicate(timeout=limit)
@@ -159,14 +175,20 @@ def _probe_plugins(plugins: List[dict], timeout: float, environ: Mapping[str, st
         _kill_group(proc.pid)
         proc.communicate()
         names = ", ".join(p["entry_point"] for p in plugins)
-        return {"": f"importing torch and loading the plugins ({names}) did not finish within {limit:g} s"}
+        return {"": f"importing torch and loading the plugins ({names}) did not finish within {limit:g} s"}, {""}
+    except BaseException:  # Ctrl-C while waiting: the probe and whatever it started end too
+        _kill_group(proc.pid)
+        proc.wait()
+        raise
     _kill_group(proc.pid)  # whatever a hung plugin started, once the child has ended
     lines = out.decode(errors="replace").strip().splitlines()
     try:
-        return json.loads(lines[-1])
-    except (IndexError, ValueError):
+        found = json.loads(lines[-1])
+        return found["errors"], set(found["timed_out"])
+    except (IndexError, ValueError, KeyError, TypeError):
         tail = err.decode(errors="replace").strip().splitlines()
-        return {"": f"the plugin probe exited with code {proc.returncode}" + (f": {tail[-1][:300]}" if tail else "")}
+        return {"": f"the plugin probe exited with code {proc.returncode}"
+                    + (f": {tail[-1][:300]}" if tail else "")}, set()
 
 
 def _kill_group(pid: int) -> None:
@@ -178,18 +200,20 @@ def _kill_group(pid: int) -> None:
 
 def plugin_problem(module: str, environ: Mapping[str, str] = os.environ) -> Optional[str]:
     """Why plugin ``module`` could not load in this interpreter, as :func:`guard` recorded it
-    (None when it loaded or was not probed)."""
+    (None when it loaded, was not probed, or its load only timed out: that is no verdict, the
+    caller's own bounded import decides)."""
     record = _record(environ)
-    if record is None or record.get("python") != sys.executable:
+    if record is None or not _current(record, environ):
         return None
-    return (record.get("plugins", {}).get(module) or {}).get("reason")
+    entry = record.get("plugins", {}).get(module) or {}
+    return None if entry.get("timed_out") else entry.get("reason")
 
 
 def disabled_plugins(environ: Mapping[str, str] = os.environ) -> Dict[str, str]:
     """Plugin module -> reason, for the plugins whose failure made :func:`guard` turn torch's
     auto-load off in this interpreter (empty when it did not)."""
     record = _record(environ)
-    if record is None or record.get("python") != sys.executable or not record.get("disabled"):
+    if record is None or not _current(record, environ) or not record.get("disabled"):
         return {}
     return {m: p["reason"] for m, p in record.get("plugins", {}).items() if p.get("reason")}
 

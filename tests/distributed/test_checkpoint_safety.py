@@ -389,3 +389,43 @@ def test_a_temporary_removed_before_its_writer_locked_it_is_made_again(tmp_path,
     first, second = blocking_locks  # the first temporary was removed under it: a second one was made
     assert first != second and not os.path.exists(first)
     assert torch.load(path) == {"step": 1} and temporaries(path) == []
+
+
+@pytest.mark.parametrize("code", ["EINVAL", "ENOTSUP", "EOPNOTSUPP", "EBADF"])
+def test_a_directory_that_cannot_be_fsynced_does_not_fail_the_save(tmp_path, monkeypatch, code):
+    import errno
+
+    real_fsync = os.fsync
+
+    def fsync(fd):  # fault injected: the filesystem refuses fsync on directories only
+        if stat.S_ISDIR(os.fstat(fd).st_mode):
+            raise OSError(getattr(errno, code), os.strerror(getattr(errno, code)))
+        return real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    path = tmp_path / "ckpt.pt"
+    ft.save({"w": torch.arange(3)}, str(path))
+    assert torch.load(path)["w"].tolist() == [0, 1, 2]
+    assert atomic_file.temporaries(str(tmp_path), "ckpt.pt") == []
+    monkeypatch.setattr(os, "fsync", lambda fd: (_ for _ in ()).throw(OSError(errno.EIO, "I/O error"))
+                        if stat.S_ISDIR(os.fstat(fd).st_mode) else real_fsync(fd))
+    with pytest.raises(OSError, match="I/O error"):  # a real failure still fails the save
+        ft.save({"w": torch.arange(3)}, str(path))
+
+
+@pytest.mark.parametrize("code", ["ENOLCK", "EOPNOTSUPP"])
+def test_a_filesystem_without_locks_is_written_without_one(tmp_path, monkeypatch, code):
+    import errno
+    import fcntl
+
+    def flock(fd, operation):  # fault injected: the filesystem has no file locks
+        raise OSError(getattr(errno, code), os.strerror(getattr(errno, code)))
+
+    path = tmp_path / "ckpt.pt"
+    ft.save({"w": torch.zeros(2)}, str(path))
+    (tmp_path / ".ckpt.pt.0123abcd.tmp").write_bytes(b"left by a killed writer")
+    monkeypatch.setattr(fcntl, "flock", flock)
+    ft.save({"w": torch.ones(2)}, str(path))
+    assert torch.load(path)["w"].tolist() == [1.0, 1.0]
+    # whether that temporary's writer is alive cannot be told without locks: it is left alone
+    assert atomic_file.temporaries(str(tmp_path), "ckpt.pt") == [".ckpt.pt.0123abcd.tmp"]

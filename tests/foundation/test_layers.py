@@ -9,7 +9,8 @@ import pytest
 from tests.helpers import ROOT
 
 SRC = ROOT / "src" / "flagos_torchfl"
-#: package -> the packages of flagos_torchfl it may import (besides errors, log, variables, config, compat, autoload)
+#: package -> the packages of flagos_torchfl it may import (besides errors, log, variables, config, compat,
+#: autoload, atomic_file)
 ALLOWED = {
     "aten": set(),
     "sim": {"aten"},
@@ -18,7 +19,7 @@ ALLOWED = {
     "redirect": {"backends"},
     "k8s": {"backends"},
 }
-BASE = {"errors", "log", "variables", "config", "compat", "autoload"}
+BASE = {"errors", "log", "variables", "config", "compat", "autoload", "atomic_file"}
 
 
 def imported_packages(path):

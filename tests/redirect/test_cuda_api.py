@@ -1,6 +1,8 @@
 """The torch.cuda facade on the CPU backend: every served answer, and clear errors for the rest."""
 from __future__ import annotations
 
+import json
+import textwrap
 import time
 
 import pytest
@@ -11,6 +13,7 @@ import flagos_torchfl as ft
 from flagos_torchfl.errors import UnsupportedFeatureError
 from flagos_torchfl.redirect import DeviceOrdinalError
 from flagos_torchfl.backends.host import HostEvent, InlineStream
+from tests.helpers import run_python
 
 
 def test_device_queries(cpu_backend):
@@ -249,3 +252,32 @@ def test_private_plumbing_reaches_real_module(cpu_backend):
     assert torch.cuda._is_compiled is _real_cuda("_is_compiled")
     assert torch.cuda._is_compiled() is hasattr(torch._C, "_cuda_getDeviceCount")  # the build's answer
     assert callable(torch.cuda._lazy_init)
+
+
+def test_the_uses_of_missing_names_belong_to_one_activation():
+    # a sim profile renames the device type for the process: in a child of its own
+    code = textwrap.dedent("""
+        import json, torch
+        import flagos_torchfl as ft
+        from flagos_torchfl.backends.device_modules import missing_uses
+
+        def use():
+            try:
+                torch.cuda.get_arch_list()
+            except ft.UnsupportedFeatureError:
+                pass
+
+        ft.init_backend("sim")
+        use(); use()
+        first = missing_uses.rows("ascend")
+        ft.deactivate()
+        after = missing_uses.rows("ascend")
+        ft.init_backend("sim")
+        again = missing_uses.rows("ascend")
+        use()
+        print(json.dumps([first, after, again, missing_uses.rows("ascend")]))
+    """)
+    proc = run_python(["-c", code], env={"FL_SIM_PROFILE": "ascend"}, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    first, after, again, last = json.loads(proc.stdout.splitlines()[-1])
+    assert first == [["get_arch_list", 2]] and after == [] and again == [] and last == [["get_arch_list", 1]]

@@ -77,3 +77,20 @@ def test_current_device_is_per_thread():
     thread.start()
     thread.join()
     assert seen == [0] and t.current == 1
+
+
+def test_an_unindexed_own_type_is_left_to_the_chip_unless_the_backend_resolves_it():
+    # mps: torch.mps has no current_device(); "mps" must pass through, untouched and unqueried
+    t = Target(get_backend("mps"), (0,), torch.mps)
+    assert t.translate("mps") == "mps"
+    assert t.translate(torch.device("mps")) == torch.device("mps")
+    # a vendor-like chip whose module would start its runtime when asked for its current device
+    asked = []
+    module = types.SimpleNamespace(current_device=lambda: asked.append(1) or 0)
+    t = Target(chip("fakechip", "meta"), (0, 1), module)
+    assert t.translate("meta") == "meta" and t.translate(torch.device("meta")) == torch.device("meta")
+    assert asked == []
+    # a backend that answers it resolves it through the device module's current device
+    t = Target(chip("fakechip", "meta", resolves_unindexed_device=True), (0, 1), types.SimpleNamespace(current_device=lambda: 1))
+    assert t.translate("meta") == torch.device("meta", 1)
+    assert get_backend("sim").resolves_unindexed_device is True

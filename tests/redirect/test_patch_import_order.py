@@ -76,7 +76,10 @@ elif order == "deactivated":
     import_modules()
     assert_torchs_own()
     ft.init_backend("cpu")
-assert redirect.waiting_patches() == [], redirect.waiting_patches()
+# every patch of an imported module is applied; the others (deepspeed's) still wait for theirs
+modules = {p.name: p.waits_for for p in redirect.REGISTRY}
+late = [n for n in redirect.waiting_patches() if modules[n] in sys.modules]
+assert late == [], late
 own = owners()
 # on the cpu backend FSDP1 moves parameters as torch does: _move_states_to_device stays torch's
 expected = {name: name == "_init_utils._move_states_to_device" for name in own}

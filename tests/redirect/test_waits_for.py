@@ -202,3 +202,77 @@ def test_hook_ignores_modules_it_does_not_wait_for():
     finally:
         hook.remove()
     assert hook not in sys.meta_path and hook.waiting() == [] and seen == []
+
+
+def test_a_module_whose_import_activates_is_patched_once_its_import_has_finished(scratch, monkeypatch):
+    # the module is in sys.modules, still executing, when activation queues its patch
+    name = scratch("fl_scratch_self", BODY + "import flagos_torchfl\nflagos_torchfl.init_backend('cpu')\n")
+    later = scratch("fl_scratch_after_self", "value = 1\n")
+    _register(monkeypatch, _greeting_patch(name))
+    module = importlib.import_module(name)
+    importlib.import_module(later)  # the program goes on importing
+    assert module.greet() == "redirected (torch's own)"
+    assert "greeting" in redirect.active_patches() and "greeting" not in redirect.waiting_patches()
+    ft.deactivate()
+    assert module.greet() == "torch's own" and _hooks() == []
+
+
+def test_a_module_imported_while_its_patch_is_queued_is_patched_at_once(scratch, monkeypatch):
+    # interleaving injected: another import of the module completes between activation's
+    # "not imported yet" and the hook's registration
+    name = scratch("fl_scratch_race")
+    original = patches.ImportHook.wait_for
+
+    def wait_for(self, module, callback):
+        importlib.import_module(module)
+        original(self, module, callback)
+
+    monkeypatch.setattr(patches.ImportHook, "wait_for", wait_for)
+    _register(monkeypatch, _greeting_patch(name))
+    ft.init_backend("cpu")
+    assert sys.modules[name].greet() == "redirected (torch's own)"
+    assert "greeting" in redirect.active_patches() and "greeting" not in redirect.waiting_patches()
+
+
+class _RefusesRestore(dict):
+    """A namespace that takes one change, then refuses the one that would put it back."""
+
+    writes = 0
+
+    def __setitem__(self, key, value):
+        self.writes += 1
+        if self.writes > 1:
+            raise PermissionError("read-only namespace")
+        super().__setitem__(key, value)
+
+
+def test_a_failing_patch_whose_undo_fails_too_never_breaks_the_import(scratch, monkeypatch):
+    name = scratch("fl_scratch_undo")
+    namespace = _RefusesRestore(value=1)
+
+    def broken(target, patcher):
+        patcher.setitem(namespace, "value", 2)
+        raise RuntimeError("injected fault")
+
+    _register(monkeypatch, patches.Patch("broken", broken, False, name), _greeting_patch(name))
+    ft.init_backend("cpu")
+    with pytest.warns(RuntimeWarning, match=r"'broken' of fl_scratch_undo failed \(RuntimeError: injected "
+                                            r"fault\).*taking its changes back failed too .*read-only namespace"):
+        module = importlib.import_module(name)
+    assert module.greet() == "redirected (torch's own)"
+
+
+def test_a_warning_raised_as_an_error_does_not_stop_the_import_or_the_next_patch(scratch, monkeypatch):
+    import warnings
+
+    name = scratch("fl_scratch_strict")
+
+    def broken(target, patcher):
+        raise RuntimeError("injected fault")
+
+    _register(monkeypatch, patches.Patch("broken", broken, False, name), _greeting_patch(name))
+    ft.init_backend("cpu")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # python -W error: the RuntimeWarning raises
+        module = importlib.import_module(name)
+    assert module.greet() == "redirected (torch's own)"

@@ -10,6 +10,7 @@ import dataclasses
 import importlib
 import importlib.util
 import os
+import sys
 from types import MappingProxyType
 from typing import Any, Callable, FrozenSet, List, Mapping, Optional, Tuple
 
@@ -134,6 +135,11 @@ class Backend:
     #: ``torch.cuda`` names whose counterpart in the chip's device module has another name
     #: (``{"CUDAGraph": "NPUGraph", "nvtx": "mstx"}``); the facade answers them with it
     cuda_counterparts: Mapping[str, str] = MappingProxyType({})
+    #: whether the redirect must resolve the chip's own device type without an index (``"sim"``)
+    #: to the device module's current device itself, because the chip's C++ device guard cannot
+    #: (a Python-registered PrivateUse1 backend); False: it is passed on unchanged, and the
+    #: chip resolves it when it is used (no early runtime start, no ``current_device()`` asked)
+    resolves_unindexed_device: bool = False
 
     # ----------------------------------------------------------------- probing
     def probe(self, timeout: Optional[float] = None, count_ops: bool = True, query_tools: bool = True,
@@ -212,8 +218,10 @@ class Backend:
         if self.plugin_module:
             if not self.plugin_found():
                 raise Unavailable(f"{self.plugin_module} is not installed")
-            problem = autoload.plugin_problem(self.plugin_module)
-            if problem:  # it failed in the start-up probe: importing it here would fail again
+            # a failure the start-up probe recorded means importing it here would fail again,
+            # unless this process has imported it already (the program's own ``import torch_npu``)
+            problem = None if self.plugin_module in sys.modules else autoload.plugin_problem(self.plugin_module)
+            if problem:
                 raise Unavailable(problem)
             _, problem = _probe.call_with_timeout(
                 lambda: importlib.import_module(self.plugin_module), timeout,
@@ -241,8 +249,6 @@ class Backend:
     def runtime_version(self, module: Any) -> Optional[str]:
         """The version of the plugin (or torch's runtime) driving this chip."""
         if self.plugin_module:
-            import sys
-
             return getattr(sys.modules.get(self.plugin_module), "__version__", None)
         return None
 
@@ -371,8 +377,6 @@ class Backend:
     def _import_plugin(self) -> None:
         """Import the vendor plugin if no probe of this process has (a child reusing its
         parent's probe); BackendUnavailableError when it cannot be imported."""
-        import sys
-
         if self.plugin_module in sys.modules:
             return
         try:

@@ -52,20 +52,22 @@ def load(chip: str) -> Optional[DeviceModuleTable]:
 
 
 class _Uses:
-    """``torch.cuda`` names used (called, instantiated, read into) that the chip lacks."""
+    """``torch.cuda`` names used (called, instantiated, read into) that the chip lacks.
+    ``counts`` ((chip, name) -> uses) belongs to one activation: the ``torch.cuda`` facade's
+    patch gives each its own, and its undo takes it away."""
 
     def __init__(self):
         self._lock = threading.Lock()
-        self._counts: Dict[Tuple[str, str], int] = {}
+        self.counts: Dict[Tuple[str, str], int] = {}
 
     def record(self, chip: str, name: str) -> None:
         with self._lock:
-            self._counts[(chip, name)] = self._counts.get((chip, name), 0) + 1
+            self.counts[(chip, name)] = self.counts.get((chip, name), 0) + 1
 
     def rows(self, chip: str) -> List[Tuple[str, int]]:
         """(name, uses) for ``chip``, most used first."""
         with self._lock:
-            found = [(name, n) for (c, name), n in self._counts.items() if c == chip]
+            found = [(name, n) for (c, name), n in self.counts.items() if c == chip]
         return sorted(found, key=lambda row: (-row[1], row[0]))
 
 

@@ -36,6 +36,7 @@ class SimBackend(Backend):
     devices_env = "FL_SIM_DEVICES"
     pins_at_allocation = False  # a Python PrivateUse1 backend cannot register a pinned allocator
     provides_deepspeed_accelerator = True  # profiles too: no vendor plugin for DeepSpeed to find
+    resolves_unindexed_device = True  # its Python device guard cannot follow set_device
 
     def probe(self, timeout=None, count_ops=True, query_tools=True, driver=None) -> ProbeResult:
         from .. import compat

@@ -85,7 +85,8 @@ def _package_missing():
 def _guard_plugins():
     """Before torch is imported: the package's ``autoload.guard`` (a vendor plugin that cannot
     load must not take ``import torch`` down), loaded by path so that the package, which imports
-    torch, is not imported yet. Once per process; the parent's record makes it cheap."""
+    torch, is not imported yet. Once per process; the parent's record makes it cheap. Should the
+    guard itself fail, one line on stderr says so and torch imports as it would without it."""
     global _guarded
     if _guarded:
         return
@@ -99,7 +100,13 @@ def _guard_plugins():
         spec.loader.exec_module(module)
         module.guard()
     except Exception as exc:
-        _abort(exc)
+        detail = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+        try:
+            sys.stderr.write(f"flagos_torchfl: warning: the device-plugin check failed ({detail}); "
+                             "torch loads its plugins unchecked\n")
+            sys.stderr.flush()
+        except Exception:
+            pass
 
 
 _guarded = False

@@ -9,12 +9,11 @@ A key ``prefix/name`` is published as it is; the prefix must be a namespace NFD 
 """
 from __future__ import annotations
 
-import contextlib
 import os
 import re
-import tempfile
 from typing import Dict, Mapping
 
+from .. import atomic_file
 from ..errors import ConfigError
 
 #: the label prefix (a DNS subdomain) every key is published under
@@ -82,20 +81,12 @@ def render(labels: Mapping[str, str], prefix: str = PREFIX) -> str:
 
 
 def write(text: str, directory: str, name: str = FILE_NAME) -> str:
-    """Write ``text`` to ``directory/name`` atomically (a hidden temporary file in the same
-    folder, which NFD skips, renamed over it); returns the path. OSError when it cannot."""
+    """Write ``text`` (ASCII) to ``directory/name`` atomically, mode 0o644 (a hidden temporary
+    ``.<name>.<8 hex>.tmp`` in the same folder, which NFD skips, renamed over it:
+    :func:`~flagos_torchfl.atomic_file.replaced`); returns the path. OSError when it cannot."""
     os.makedirs(directory, exist_ok=True)
     path = os.path.join(directory, name)
-    fd, temporary = tempfile.mkstemp(prefix=f".{name}.", dir=directory)
-    try:
-        with os.fdopen(fd, "w", encoding="ascii") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(temporary, 0o644)
-        os.replace(temporary, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(temporary)
-        raise
+    with atomic_file.replaced(path) as out:
+        os.fchmod(out.fileno(), 0o644)
+        out.write(text.encode("ascii"))
     return path

@@ -30,6 +30,7 @@ from typing import Any, Dict
 
 import torch
 
+from ..backends.device_modules import missing_uses
 from .cuda_facade import LEGACY_TYPES, PASS, CudaFacade
 from .devices import Target
 from .patches import Patcher, patch_function
@@ -73,6 +74,7 @@ def patch_torch_cuda(target: Target, patcher: Patcher) -> None:
     cuda = torch.cuda
     facade = CudaFacade(target, cuda, target.cuda_kernel_packages)
     patcher.setitem(_active, "facade", facade)
+    patcher.setattr(missing_uses, "counts", {})  # this activation's uses only; undo drops them
     patcher.set_module_class(cuda, _FacadeModule)
 
 

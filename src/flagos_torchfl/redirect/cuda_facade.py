@@ -100,6 +100,14 @@ class CudaFacade:
         this reads the real ``torch.cuda`` past the facade."""
         return real(self.t.module, name)
 
+    def _mod_or_counterpart(self, name: str) -> Any:
+        """The backend module's ``name``, else its counterpart's (``Backend.cuda_counterparts``:
+        ``torch.npu.mstx`` for ``nvtx``); None when it has neither."""
+        found = self._mod(name)
+        if found is None and name in self.t.chip.cuda_counterparts:
+            found = self._mod(self.t.chip.cuda_counterparts[name])
+        return found
+
     def _phys(self, device: Any = None) -> int:
         return self.t.physical(self.t.logical_index(device))
 
@@ -124,9 +132,7 @@ class CudaFacade:
         if isinstance(real, types.ModuleType) and real.__name__.startswith("torch.cuda."):
             return PASS
         if not name.startswith("_"):
-            delegate = self._mod(name)
-            if delegate is None and name in self.t.chip.cuda_counterparts:
-                delegate = self._mod(self.t.chip.cuda_counterparts[name])
+            delegate = self._mod_or_counterpart(name)
             if delegate is not None:
                 return delegate
         stand_in = self._table[name] = self._unserved(name, real)
@@ -496,9 +502,7 @@ class CudaFacade:
 
         served = dict(range_push=range_push, range_pop=range_pop, range_start=range_start,
                       range_end=range_end, mark=mark, range=range)
-        own = self._mod("nvtx")
-        if own is None and "nvtx" in self.t.chip.cuda_counterparts:
-            own = self._mod(self.t.chip.cuda_counterparts["nvtx"])  # torch.npu.mstx
+        own = self._mod_or_counterpart("nvtx")
         if own is not None:
             served = {name: getattr(own, name, fn) for name, fn in served.items()}
         return Namespace("torch.cuda.nvtx", served, None, self.t)

@@ -63,9 +63,10 @@ class Target:
         self.remaps = self.devices != tuple(range(len(self.devices)))
         self._tls = threading.local()
         self._by_logical = tuple(chip.torch_device(i) for i in self.devices)
-        # the backend's own device type without an index names the current device where devices
-        # have indices (None where they have none: the host)
-        self._own_type = chip.device_type if self._by_logical[0].index is not None else None
+        # the backend's own device type without an index, where the backend has it resolved here
+        # to the device module's current device (None: it passes unchanged, the chip resolves it)
+        resolves = getattr(chip, "resolves_unindexed_device", False) and self._by_logical[0].index is not None
+        self._own_type = chip.device_type if resolves else None
 
     @property
     def backend(self) -> str:
@@ -139,7 +140,8 @@ class Target:
         pass ints only where PyTorch reads them as devices). ``"cuda"`` without an index means
         the current device, as in CUDA; the backend's own device type without one (``"sim"``, as
         DeepSpeed's ``tensor.to(accelerator.device_name())`` names it) means the device module's
-        current device, as a chip's C++ device guard resolves it (the sim's cannot). Out-of-range
+        current device where the backend says it ``resolves_unindexed_device`` (the sim, whose
+        device guard cannot), and passes unchanged elsewhere. Out-of-range
         indices raise DeviceOrdinalError.
         """
         cls = value.__class__

@@ -81,12 +81,16 @@ class ImportHook:
 
     It finds nothing itself: it asks the finders after it for the module's spec and wraps its
     loader (the module keeps its own loader once it runs). Every other import costs one dict
-    lookup. :meth:`remove` takes it off ``sys.meta_path`` and drops every callback not yet
-    called, including one whose module is being imported at that moment.
+    lookup. A module that was already being imported when it began to wait (found before the
+    hook was there, see :meth:`wait_unfinished`) gets its callbacks at the first import after
+    its own has finished. Each callback runs in its own ``try``: one that raises is logged and
+    the others still run. :meth:`remove` takes it off ``sys.meta_path`` and drops every
+    callback not yet called, including one whose module is being imported at that moment.
     """
 
     def __init__(self) -> None:
         self._waiting: Dict[str, List[Callable[[types.ModuleType], None]]] = {}
+        self._unfinished: set = set()
         self._lock = threading.RLock()
         self._installed = False
 
@@ -98,6 +102,35 @@ class ImportHook:
                 sys.meta_path.insert(0, self)
                 self._installed = True
 
+    def take_back(self, name: str, callback: Callable[[types.ModuleType], None]) -> bool:
+        """Stop waiting with ``callback`` for ``name``; False when it was no longer waiting
+        (it has been called, or is being called)."""
+        with self._lock:
+            callbacks = self._waiting.get(name, [])
+            if callback not in callbacks:
+                return False
+            callbacks.remove(callback)
+            if not callbacks:
+                del self._waiting[name]
+                self._unfinished.discard(name)
+            return True
+
+    def wait_unfinished(self, name: str) -> None:
+        """``name`` is in ``sys.modules`` but still executing, through a loader this hook did
+        not wrap: call its callbacks at the first import that reaches the hook once it has
+        finished (forget it if its import fails: a new import of it is found as usual)."""
+        with self._lock:
+            self._unfinished.add(name)
+
+    def _finish_unfinished(self) -> None:
+        with self._lock:
+            done = [n for n in self._unfinished if n not in sys.modules or imported(n) is not None]
+            self._unfinished.difference_update(done)
+        for name in done:
+            module = imported(name)
+            if module is not None:
+                self._executed(module)
+
     def waiting(self) -> List[str]:
         """Names of the modules still waited for."""
         with self._lock:
@@ -107,6 +140,7 @@ class ImportHook:
         """Stop waiting: nothing is called for a module imported from now on."""
         with self._lock:
             self._waiting.clear()
+            self._unfinished.clear()
             if self._installed:
                 try:
                     sys.meta_path.remove(self)
@@ -115,6 +149,8 @@ class ImportHook:
                 self._installed = False
 
     def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
+        if self._unfinished:
+            self._finish_unfinished()
         if fullname not in self._waiting:
             return None
         for finder in list(sys.meta_path):
@@ -129,8 +165,13 @@ class ImportHook:
     def _executed(self, module: types.ModuleType) -> None:
         with self._lock:
             callbacks = self._waiting.pop(module.__name__, [])
+            self._unfinished.discard(module.__name__)
         for callback in callbacks:
-            callback(module)
+            try:  # the program's import must succeed whatever a callback does
+                callback(module)
+            except Exception as exc:
+                log.error("a change waiting for %s failed as it was imported (%s: %s)",
+                          module.__name__, type(exc).__name__, exc)
 
 
 class _LoaderThenCall:
@@ -163,7 +204,13 @@ class Patcher:
 
     def when_imported(self, module: str, change: Callable[[types.ModuleType], None], label: str) -> bool:
         """Run ``change(module object)`` now if ``module`` has been imported, else when the
-        program imports it; returns True if it ran now. ``label`` names the change in errors.
+        program imports it; returns True if it has run by the time this returns. ``label``
+        names the change in errors.
+
+        A module that is in ``sys.modules`` but still executing (this call comes from its own
+        import, or another thread's) gets the change once its import has finished (see
+        :meth:`ImportHook.wait_unfinished`); one that another thread finished importing while
+        the change was being queued gets it now.
 
         A change run now raises what it raises (the caller undoes everything). A change run at
         the program's import that raises is undone alone and reported as a RuntimeWarning; the
@@ -174,10 +221,22 @@ class Patcher:
         if found is not None:
             change(found)
             return True
+
+        def at_import(loaded: types.ModuleType) -> None:
+            self._run_at_import(loaded, change, label)
+
         with self._lock:
             if self._hook is None:
                 self._hook = ImportHook()
-            self._hook.wait_for(module, lambda loaded: self._run_at_import(loaded, change, label))
+            hook = self._hook
+            hook.wait_for(module, at_import)
+        found = imported(module)  # imported meanwhile, past the finders the hook sits in front of
+        if found is not None:
+            if hook.take_back(module, at_import):
+                change(found)
+            return True
+        if module in sys.modules:  # half-way through an import found before the hook waited
+            hook.wait_unfinished(module)
         return False
 
     def waiting(self) -> List[str]:
@@ -195,13 +254,14 @@ class Patcher:
                 log.info("redirect patch %s applied as %s was imported", label, module.__name__)
             except Exception as exc:
                 del self._rebound[rebound:]
+                message = (f"flagos_torchfl: redirect patch {label!r} of {module.__name__} failed "
+                           f"({type(exc).__name__}: {exc}); {module.__name__} is left as torch defines it")
                 try:
                     self._undo_to(mark)
-                finally:
-                    message = (f"flagos_torchfl: redirect patch {label!r} of {module.__name__} failed "
-                               f"({type(exc).__name__}: {exc}); {module.__name__} is left as torch defines it")
-                    log.error("%s", message)
-                    warnings.warn(message, RuntimeWarning, stacklevel=2)
+                except Exception as undo_exc:  # never out of the program's import
+                    message += f"; taking its changes back failed too ({undo_exc})"
+                log.error("%s", message)
+                warnings.warn(message, RuntimeWarning, stacklevel=2)
 
     def setattr(self, owner: Any, name: str, value: Any) -> Any:
         """Set ``owner.name = value`` (a module or class); return the value seen before.
