@@ -9,6 +9,9 @@ import pytest
 
 from tests.helpers import install_fixture, prepend_path, run_python
 
+#: fakeaccel is a Python-registered PrivateUse1 chip, as the sim is
+pytestmark = pytest.mark.needs_sim
+
 
 @pytest.fixture(scope="module")
 def env(tmp_path_factory):

@@ -14,7 +14,7 @@ import flagos_torchfl as ft
 
 from tests.precision.dtypes import train_tiny_gpt2
 
-pytestmark = pytest.mark.isolated
+pytestmark = [pytest.mark.isolated, pytest.mark.needs_sim]  # its runs compare sim with cpu
 
 
 def train(steps: int = 20):
