@@ -173,6 +173,10 @@ FEATURES: Dict[str, Feature] = {f.name: f for f in (
             {_OLD: False, _NEW: True, "2.14.1": True}, lambda: _cpu_autocast_float16()),
     Feature("cpu_float16_matmul", "float16 matrix products on the CPU (addmm for Half)",
             {_OLD: False, _NEW: True, "2.14.1": True}, lambda: _cpu_float16_matmul()),
+    Feature("get_default_device", "torch.get_default_device()",
+            {_OLD: False, _NEW: True, "2.14.1": True}, _attr("torch.get_default_device")),
+    Feature("fsdp2", "FSDP2 (torch.distributed.fsdp.fully_shard)",
+            {_OLD: False, _NEW: True, "2.14.1": True}, _attr("torch.distributed.fsdp.fully_shard")),
     Feature("device_mesh", "torch.distributed.device_mesh (init_device_mesh, DeviceMesh)",
             {_OLD: False, _NEW: True, "2.14.1": True}, _attr("torch.distributed.device_mesh.DeviceMesh")),
     Feature("python_privateuse1_backend",
@@ -267,6 +271,16 @@ def autocast_available(device_type: str) -> bool:
     if has("amp_is_autocast_available"):
         return torch.amp.is_autocast_available(device_type)
     return _old_dispatch_suffix(device_type) is not None
+
+
+def autocast_takes(device_type: str, dtype: Any) -> bool:
+    """Whether torch's autocast for ``device_type`` can run in ``dtype`` (torch 2.1's CPU autocast
+    takes bfloat16 only; on other devices torch itself decides)."""
+    import torch
+
+    if device_type == "cpu" and dtype != torch.bfloat16:
+        return has("autocast_cpu_float16")
+    return True
 
 
 def autocast_dispatch_suffix(device_type: str) -> str:

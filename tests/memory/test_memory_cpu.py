@@ -1,13 +1,14 @@
 """Memory-pool settings on the cpu backend: figures that are the process's resident memory (never
 a made-up 0), the checked limit, the clear interval releasing the C heap's free pages at the
 right optimizer steps, defrag, and the warnings; and the note the launcher adds to an
-out-of-memory error (shown with the sim, whose limit is exact)."""
+out-of-memory error (on the cpu, and with the sim, whose limit is exact)."""
 from __future__ import annotations
 
 import pytest
 import torch
 
 import flagos_torchfl as ft
+from flagos_torchfl import compat
 from flagos_torchfl.backends.host import process_memory
 
 MIB = 1 << 20
@@ -75,7 +76,7 @@ def test_limit_is_checked_after_each_optimizer_step(capfd):
     param.grad = torch.ones(4)
     opt.step()  # under the limit
     hog = torch.ones(192 * MIB // 4)
-    with pytest.raises(torch.OutOfMemoryError, match=r"exceeds memory_virtual_limit .*To fit: lower the batch size"):
+    with pytest.raises(compat.out_of_memory_error(), match=r"exceeds memory_virtual_limit .*To fit: lower the batch size"):
         opt.step()
     del hog
     ft.deactivate()
@@ -142,6 +143,25 @@ def test_memory_calls_need_an_active_backend_and_a_valid_device():
     assert ft.memory_stats("cuda:0").device == ft.memory_stats(0).device == 0
 
 
+def test_launcher_adds_the_host_figures_and_advice_to_the_cpu_limits_error(tmp_path):
+    from tests.launcher.launching import launch, write
+
+    write(tmp_path, "step.py", '''
+        import torch
+        model = torch.nn.Linear(4, 4).cuda()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        model(torch.ones(2, 4, device="cuda")).sum().backward()
+        opt.step()
+    ''')
+    proc = launch("--backend", "cpu", "step.py", cwd=tmp_path, env={"FL_MEMORY_VIRTUAL_LIMIT": "64MiB"})
+    assert proc.returncode == 1
+    # torch.OutOfMemoryError, or torch.cuda.OutOfMemoryError (the same class) on a torch before it
+    assert "OutOfMemoryError: cpu backend: the process's resident memory" in proc.stderr, proc.stderr
+    assert "memory: backend cpu, cuda:0 (host process (resident memory)): " in proc.stderr
+    assert "raise memory_virtual_limit (now 64 MiB; FL_MEMORY_VIRTUAL_LIMIT)" in proc.stderr
+
+
+@pytest.mark.needs_sim
 def test_launcher_adds_the_pool_figures_and_advice_to_an_out_of_memory_error(tmp_path):
     from tests.launcher.launching import launch, write
 

@@ -27,7 +27,7 @@ def _namespaces():
         "torch.cuda.amp.GradScaler": torch.cuda.amp.GradScaler,
         "torch.cuda.nvtx": torch.cuda.nvtx, "torch.cuda.memory": torch.cuda.memory,
         "torch.cuda.random": torch.cuda.random, "torch.Tensor": torch.Tensor,
-        "torch._C.TensorBase": torch._C.TensorBase, "torch.nn.Module": torch.nn.Module,
+        "TensorBase": torch.Tensor.__mro__[1], "torch.nn.Module": torch.nn.Module,
         "torch.fft": torch.fft, "torch.nested": torch.nested, "torch.sparse": torch.sparse,
         "torch.distributed": dist, "c10d": c10d, "torch.nn.parallel": torch.nn.parallel,
         "DDP": torch.nn.parallel.DistributedDataParallel,

@@ -3,8 +3,12 @@ module as physical index devices[i]. The device module here is a recording stand
 selection's device module is all the redirect layer sees of a chip); tensors go to ``meta``."""
 from __future__ import annotations
 
+import types
+
 import pytest
 import torch
+
+from flagos_torchfl import compat
 
 from flagos_torchfl import redirect
 from flagos_torchfl.errors import UnsupportedFeatureError
@@ -18,6 +22,7 @@ class ChipModule:
     def __init__(self):
         self.calls = []
         self.default_generators = {1: torch.Generator(), 3: torch.Generator()}
+        self.amp = types.SimpleNamespace(GradScaler=type("ChipGradScaler", (), {}))
 
     def __getattr__(self, name):
         if name in {"set_device", "get_device_name", "synchronize", "memory_allocated",
@@ -57,8 +62,13 @@ def test_logical_indices_reach_the_module_as_physical(chip):
     assert cuda.is_bf16_supported() is False  # declares float16
 
 
-def test_tensors_and_autocast_go_to_the_chip_type(chip):
+def test_tensors_go_to_the_chip_type(chip):
     assert torch.zeros(1, device="cuda:1").device.type == "meta"
     assert torch.ones(1).to(0).device.type == "meta"
-    scaler = torch.amp.GradScaler("cuda", enabled=False)
-    assert scaler._device == "meta"
+
+
+def test_the_cuda_grad_scaler_is_the_chips(chip):
+    if compat.has("amp_grad_scaler"):  # the device-generic scaler takes the chip's device type
+        assert torch.amp.GradScaler("cuda", enabled=False)._device == "meta"
+    else:  # CUDA's is the only one: the chip's own scaler (torch-npu 2.1's torch.npu.amp) stands in
+        assert torch.cuda.amp.GradScaler is chip.amp.GradScaler

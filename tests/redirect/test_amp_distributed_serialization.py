@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import flagos_torchfl as ft
+from flagos_torchfl import compat
 from flagos_torchfl.backends import get_backend
 from tests.helpers import chip
 
@@ -17,11 +18,21 @@ def _matmul_dtype():
     return (torch.randn(2, 2) @ torch.randn(2, 2)).dtype
 
 
+def _float16_autocast_matmul_dtype():
+    """float16 where this torch's CPU autocast takes it; else autocast is disabled (float32), with a
+    warning, as torch disables autocast("cuda") on a machine without CUDA."""
+    return torch.float16 if compat.has("autocast_cpu_float16") else torch.float32
+
+
 def test_autocast_forms(cpu_backend):
     with torch.autocast("cuda"):
         assert _matmul_dtype() == torch.bfloat16  # the backend's declared low precision
-    with torch.autocast(device_type="cuda", dtype=torch.float16):
-        assert _matmul_dtype() == torch.float16
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with torch.autocast(device_type="cuda", dtype=torch.float16):
+            assert _matmul_dtype() == _float16_autocast_matmul_dtype()
+    disabled = [w for w in caught if "autocast is disabled" in str(w.message)]
+    assert len(disabled) == (0 if compat.has("autocast_cpu_float16") else 1), [str(w.message) for w in caught]
     with torch.amp.autocast("cuda", enabled=False):
         assert _matmul_dtype() == torch.float32
     with warnings.catch_warnings():
@@ -29,7 +40,7 @@ def test_autocast_forms(cpu_backend):
         with torch.cuda.amp.autocast():
             assert _matmul_dtype() == torch.bfloat16
         with torch.cuda.amp.autocast(dtype=torch.float16):
-            assert _matmul_dtype() == torch.float16
+            assert _matmul_dtype() == _float16_autocast_matmul_dtype()
 
     @torch.autocast("cuda")
     def decorated():
@@ -41,19 +52,25 @@ def test_autocast_forms(cpu_backend):
 
 
 def test_grad_scaler_forms(cpu_backend):
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", FutureWarning)
-        scalers = [torch.amp.GradScaler(), torch.amp.GradScaler("cuda"), torch.amp.GradScaler(device="cuda"),
-                   torch.cuda.amp.GradScaler(init_scale=4.0)]
-    assert {s._device for s in scalers} == {"cpu"}
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        scalers = [torch.cuda.amp.GradScaler(init_scale=4.0)]
+        if compat.has("amp_grad_scaler"):
+            scalers += [torch.amp.GradScaler(), torch.amp.GradScaler("cuda"), torch.amp.GradScaler(device="cuda")]
+    if compat.has("amp_grad_scaler"):
+        assert {s._device for s in scalers} == {"cpu"} and all(s.is_enabled() for s in scalers)
+    else:  # CUDA's scaler only, and the CPU has none: disabled with torch's warning, as without the package
+        assert not scalers[0].is_enabled()
+        assert any("CUDA is not available" in str(w.message) for w in caught)
     model = torch.nn.Linear(2, 1)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    scaler = scalers[1]
+    before = model.weight.detach().clone()
+    scaler = scalers[-1]
     loss = model(torch.ones(3, 2)).sum()
     scaler.scale(loss).backward()
     scaler.step(opt)
     scaler.update()
-    assert scaler.get_scale() > 0
+    assert scaler.get_scale() > 0 and not torch.equal(model.weight, before)
 
 
 def test_translate_backend_strings():

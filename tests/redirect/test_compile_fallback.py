@@ -5,6 +5,8 @@ naming the device type and the fallback, and gives eager's results; the sim's ow
 backend is used, without a warning, before the fault."""
 import json
 
+import pytest
+
 from tests.helpers import run_python
 
 SCRIPT = r'''
@@ -36,6 +38,7 @@ print(json.dumps(record))
 '''
 
 
+@pytest.mark.needs_sim
 def test_a_chip_without_inductor_compiles_with_aot_eager_and_one_warning():
     proc = run_python(["-c", SCRIPT], timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]

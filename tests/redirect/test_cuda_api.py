@@ -254,6 +254,7 @@ def test_private_plumbing_reaches_real_module(cpu_backend):
     assert callable(torch.cuda._lazy_init)
 
 
+@pytest.mark.needs_sim
 def test_the_uses_of_missing_names_belong_to_one_activation():
     # a sim profile renames the device type for the process: in a child of its own
     code = textwrap.dedent("""

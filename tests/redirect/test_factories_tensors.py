@@ -94,8 +94,16 @@ def test_default_device_contexts(cpu_backend):
         assert torch.nn.Linear(2, 2).weight.device == CPU
     torch.set_default_device("cuda:0")
     try:
-        assert torch.get_default_device() == CPU
         assert torch.arange(3).device == CPU
+    finally:
+        torch.set_default_device(None)
+
+
+@pytest.mark.torch_feature("get_default_device")
+def test_the_default_device_reads_back_as_the_backends(cpu_backend):
+    torch.set_default_device("cuda:0")
+    try:
+        assert torch.get_default_device() == CPU
     finally:
         torch.set_default_device(None)
 

@@ -10,7 +10,7 @@ import torch
 
 import flagos_torchfl as ft
 
-pytestmark = pytest.mark.isolated
+pytestmark = [pytest.mark.isolated, pytest.mark.needs_sim]
 
 
 @pytest.fixture

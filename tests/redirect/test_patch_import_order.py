@@ -119,6 +119,8 @@ os._exit(0)  # no gloo teardown at exit (torch 2.13's exit race, see tests/distr
 '''
 
 
+@pytest.mark.torch_feature("device_mesh")
+@pytest.mark.torch_feature("fsdp2")
 @pytest.mark.parametrize("order", ["before", "after", "reactivated", "deactivated"])
 def test_distributed_patches_whatever_the_import_order(order, tmp_path):
     proc = run_python(["-c", CHECK, order, str(tmp_path)], timeout=300)

@@ -28,6 +28,12 @@ def patch_autocast(target: Target, patcher: Patcher) -> None:
             device_type = target.device_type
             if dtype is None:
                 dtype = low
+            elif enabled and not compat.autocast_takes(device_type, dtype):
+                warnings.warn(
+                    f"torch.autocast('cuda', dtype={dtype}) runs on {device_type}, whose autocast in "
+                    f"torch {torch.__version__} does not take {dtype}: autocast is disabled, as torch "
+                    "disables autocast('cuda') on a machine without CUDA")
+                dtype, enabled = None, False
         original(self, device_type, dtype=dtype, enabled=enabled, cache_enabled=cache_enabled)
 
     def cuda_autocast_init(self, enabled=True, dtype=None, cache_enabled=True):
@@ -41,8 +47,10 @@ def patch_autocast(target: Target, patcher: Patcher) -> None:
 def patch_grad_scaler(target: Target, patcher: Patcher) -> None:
     """``torch.amp.GradScaler()`` (its default device is "cuda"), ``GradScaler("cuda")`` and
     ``torch.cuda.amp.GradScaler()``: a scaler for the backend's device type. A torch without
-    ``torch.amp.GradScaler`` has CUDA's only: off CUDA it is disabled with torch's own warning,
-    as it is without this package on a machine without CUDA."""
+    ``torch.amp.GradScaler`` has CUDA's only: ``torch.cuda.amp.GradScaler`` becomes the chip's own
+    (its device module's ``amp.GradScaler``, as torch-npu 2.1 has); a chip without one gets CUDA's,
+    disabled off CUDA with torch's own warning, as it is without this package on a machine
+    without CUDA."""
     if not compat.has("amp_grad_scaler"):
         _patch_cuda_only_grad_scaler(target, patcher)
         return
@@ -57,13 +65,18 @@ def patch_grad_scaler(target: Target, patcher: Patcher) -> None:
 
 
 def _patch_cuda_only_grad_scaler(target: Target, patcher: Patcher) -> None:
+    if target.native:
+        return
     scaler = torch.cuda.amp.GradScaler
+    own = getattr(getattr(target.module, "amp", None), "GradScaler", None)
+    if isinstance(own, type) and own is not scaler:
+        patcher.setattr(torch.cuda.amp, "GradScaler", own)
     original = scaler.__init__
 
     @functools.wraps(original)
     def __init__(self, *args, **kwargs):
         original(self, *args, **kwargs)
-        if self._enabled and not target.native:
+        if self._enabled:
             warnings.warn("torch.cuda.amp.GradScaler is enabled, but CUDA is not available.  "
                           "Disabling.")
             self._enabled = False
