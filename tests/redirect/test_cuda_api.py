@@ -239,11 +239,12 @@ def test_accelerator_stays_truthful(cpu_backend):
     """As without this package on the same torch (a CUDA build's device module stays torch.cuda)."""
     ft.deactivate()
     plain = (torch.accelerator.is_available(), torch.accelerator.current_accelerator(),
-             torch.get_device_module())
+             torch.get_device_module(), torch.accelerator.device_count())
     ft.init_backend("cpu")
-    assert torch.accelerator.is_available() is False
+    assert torch.accelerator.is_available() is False and torch.accelerator.device_count() == 0
     assert (torch.accelerator.is_available(), torch.accelerator.current_accelerator(),
-            torch.get_device_module()) == plain
+            torch.get_device_module(), torch.accelerator.device_count()) == plain
+    assert torch.cuda.device_count() == 1  # the facade's own answer: the backend's devices
     assert torch.get_device_module("cuda") is torch.cuda
     assert torch.OutOfMemoryError is torch.cuda.OutOfMemoryError
 

@@ -28,6 +28,7 @@ from typing import Any, Optional
 
 import torch
 
+from .. import compat
 from .devices import Target
 from .patches import Patcher, patch_function
 
@@ -37,8 +38,13 @@ _watch: dict = {}
 
 
 def _real_accelerator_type() -> Optional[str]:
-    accelerator = getattr(torch, "accelerator", None)
-    found = accelerator.current_accelerator() if accelerator is not None else None
+    """The type of the accelerator present (None without one: a CUDA build of torch on a machine
+    without a GPU has none, though it was compiled for one)."""
+    accelerator = compat.accelerator_module()
+    if accelerator is None:
+        return None
+    found = (accelerator.current_accelerator(check_available=True)
+             if compat.has("accelerator_check_available") else accelerator.current_accelerator())
     return found.type if found is not None else None
 
 

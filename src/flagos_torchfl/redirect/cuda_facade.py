@@ -224,8 +224,11 @@ class CudaFacade:
             return types.ModuleType.__getattribute__(self._cuda, "is_available")()
         return caller.partition(".")[0] not in self._cuda_kernel_packages
 
-    def device_count(self) -> int:
-        """The number of logical devices (the selection's devices)."""
+    def device_count(self, _frame: Callable = sys._getframe) -> int:
+        """The number of logical devices (the selection's devices); ``torch.accelerator`` gets the
+        real count (on a CUDA build of torch without a GPU, 0), as its other answers are real."""
+        if _frame(1).f_globals.get("__name__") == "torch.accelerator":
+            return types.ModuleType.__getattribute__(self._cuda, "device_count")()
         return self.t.count
 
     def current_device(self) -> int:
