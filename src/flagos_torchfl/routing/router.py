@@ -331,7 +331,7 @@ class Router:
 
     def install(self, mechanism: str = "auto") -> Callable[[], None]:
         """Register with the dispatcher; returns the undo. ``mechanism``: ``auto`` (a backend
-        fallback where possible), ``per-op`` (per-operator kernels only, as on torch 2.4)."""
+        fallback where possible), ``per-op`` (per-operator kernels only, as on a torch without ``Library.fallback``)."""
         self._mechanism = mechanism
         composite.table()
         use_fallback, per_op = self.plan(mechanism)
