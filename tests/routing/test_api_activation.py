@@ -7,7 +7,7 @@ import os
 import pytest
 import torch
 
-pytestmark = pytest.mark.isolated
+pytestmark = [pytest.mark.isolated, pytest.mark.needs_sim]
 
 
 def test_init_backend_routes_and_deactivate_undoes():

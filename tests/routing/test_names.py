@@ -8,15 +8,46 @@ from flagos_torchfl.aten import dispatcher, names
 
 
 def test_every_entry_of_the_data_file_exists_in_this_torch():
+    # only an entry the file declares newer than the oldest supported torch may be absent
+    newer = set(names.newer_than_floor())
+    spelt = set()
     for category, entry in names.categories().items():
         for op in entry["ops"]:
-            assert names.aten_overloads(op), f"{category}: {op}"
+            spelt.add(op)
+            assert names.aten_overloads(op) or op in newer, f"{category}: {op}"
         for check in entry["check"]:
             for alternative in check.split("|"):
-                assert names.aten_overloads(alternative), f"{category}: {alternative}"
+                spelt.add(alternative)
+                assert names.aten_overloads(alternative) or alternative in newer, f"{category}: {alternative}"
+    assert newer <= spelt, f"newer_than_floor names no entry of a category: {sorted(newer - spelt)}"
     for name, targets in names.table()["names"].items():
         for target in targets:
             assert target.startswith("aten::") or target in names.categories(), f"{name} -> {target}"
+
+
+def test_an_entry_this_torch_lacks_is_left_out_and_said(monkeypatch, capfd):
+    import copy
+    import logging
+
+    data = copy.deepcopy(names.table())
+    data["categories"]["gelu"]["ops"].append("_gelu_from_a_later_torch")
+    data["categories"]["gelu"]["check"] = ["_gelu_from_a_later_torch|gelu"]
+    monkeypatch.setattr(names, "table", lambda: data)
+    names.category_ops.cache_clear()
+    logger = logging.getLogger("flagos_torchfl")
+    level = logger.level
+    logger.setLevel(logging.DEBUG)
+    try:
+        assert names.absent_entries("gelu") == ("_gelu_from_a_later_torch",)
+        ops = names.category_ops("gelu")
+        assert "aten::gelu" in ops and not any("later_torch" in o for o in ops)
+        assert "aten::gelu_backward" in names.resolve("GELU")
+        # the check holds through the alternative this torch has
+        assert names.category_is_native("gelu", dispatcher.native_set("CPU").__contains__)
+    finally:
+        logger.setLevel(level)
+        names.category_ops.cache_clear()
+    assert "category gelu: this torch has no _gelu_from_a_later_torch (left out)" in capfd.readouterr().err
 
 
 def test_about_fifty_categories():
@@ -33,12 +64,22 @@ def test_convolution_spellings(spelling):
 @pytest.mark.parametrize("spelling,expected", [
     ("LayerNorm", "aten::native_layer_norm_backward"), ("layer_norm", "aten::native_layer_norm"),
     ("layernorm", "aten::native_layer_norm"), ("softmax", "aten::_softmax_backward_data"),
-    ("SDPA", "aten::_scaled_dot_product_flash_attention_for_cpu"), ("MatMulV2", "aten::mm"),
+    ("SDPA", "aten::_scaled_dot_product_efficient_attention"), ("MatMulV2", "aten::mm"),
     ("Linear", "aten::addmm"), ("GELU", "aten::gelu_backward"), ("CrossEntropyLoss", "aten::nll_loss_forward"),
     ("CrossEntropyLoss", "aten::_log_softmax"), ("Adam", "aten::_fused_adam_"),
 ])
 def test_friendly_and_vendor_names(spelling, expected):
     assert expected in names.resolve(spelling)
+
+
+def test_sdpa_means_every_attention_operator_this_torch_has():
+    sdpa = names.resolve("SDPA")
+    assert sdpa == names.category_ops("attention")
+    # the CPU's own fused attention (newer than torch 2.1) where this torch has it
+    for op in ("_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_flash_attention"):
+        assert set(names.aten_overloads(op)) <= sdpa
+    cpu_flash = names.aten_overloads("_scaled_dot_product_flash_attention_for_cpu")
+    assert cpu_flash or "_scaled_dot_product_flash_attention_for_cpu" in names.newer_than_floor()
 
 
 def test_aten_spellings_win_over_lookalike_names():
@@ -50,7 +91,10 @@ def test_aten_spellings_win_over_lookalike_names():
     assert names.resolve("aten::relu.default") == {"aten::relu"}
     # an ATen name that never reaches a backend (softmax decomposes first) is the semantic name
     assert "aten::_softmax" in names.resolve("softmax")
-    assert names.resolve("aten::softmax") == {"aten::softmax.int", "aten::softmax.int_out"}
+    # every overload this torch has (torch 2.1 lists softmax.Dimname too)
+    assert names.resolve("aten::softmax") == set(dispatcher.overloads_by_packet()["softmax"])
+    assert {"aten::softmax.int", "aten::softmax.int_out"} <= names.resolve("aten::softmax")
+    assert "aten::_softmax" not in names.resolve("aten::softmax")
     assert names.resolve_semantic("tanh") == frozenset()
 
 

@@ -20,6 +20,7 @@ def losses(done) -> list:
     return json.loads(line[-1][len("LOSSES "):])
 
 
+@pytest.mark.needs_sim
 @pytest.mark.parametrize("script", ["bert_cuda.py", "gpt2_cuda.py", "resnet_cuda.py"])
 def test_cuda_script_trains_on_the_sim_like_on_the_cpu(script):
     path = str(MODELS / script)

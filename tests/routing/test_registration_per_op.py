@@ -1,11 +1,12 @@
-"""The per-operator registration path (what torch 2.4, which has no Python backend fallback,
-gets), forced with FL_ROUTING_REGISTRATION=per-op."""
+"""The per-operator registration path (what a torch without a Python backend fallback, 2.1 to
+2.4, gets), forced with FL_ROUTING_REGISTRATION=per-op. Without the sim, the same path is
+tested on the host's key (test_router_on_the_host_key.py)."""
 from __future__ import annotations
 
 import pytest
 import torch
 
-pytestmark = pytest.mark.isolated
+pytestmark = [pytest.mark.isolated, pytest.mark.needs_sim]
 
 
 @pytest.fixture(scope="module")

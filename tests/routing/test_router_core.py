@@ -7,7 +7,7 @@ import torch
 import flagos_torchfl as ft
 from flagos_torchfl.errors import OperatorNotSupportedError
 
-pytestmark = pytest.mark.isolated
+pytestmark = [pytest.mark.isolated, pytest.mark.needs_sim]
 aten = torch.ops.aten
 
 

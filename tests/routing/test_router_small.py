@@ -11,7 +11,7 @@ import flagos_torchfl as ft
 from flagos_torchfl.errors import ConfigError, OperatorNotSupportedError
 from tests.routing.simutil import decision as decision_of
 
-pytestmark = pytest.mark.isolated
+pytestmark = [pytest.mark.isolated, pytest.mark.needs_sim]
 aten = torch.ops.aten
 
 

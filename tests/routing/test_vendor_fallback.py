@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-pytestmark = pytest.mark.isolated
+pytestmark = [pytest.mark.isolated, pytest.mark.needs_sim]
 
 seen = []
 

@@ -15,7 +15,10 @@ from importlib import resources
 from typing import Callable, Dict, FrozenSet, Iterable, List, Tuple
 
 from ..errors import ConfigError, closest
+from ..log import get_logger
 from .dispatcher import PREFIX, needs_backend_kernel, overloads_by_packet
+
+log = get_logger("aten")
 
 def _normalise(name: str) -> str:
     return re.sub(r"[\s_\-]", "", name).lower()
@@ -46,9 +49,25 @@ def categories() -> Dict[str, dict]:
     return table()["categories"]
 
 
+def newer_than_floor() -> Tuple[str, ...]:
+    """Entries of the data file that the oldest supported torch does not have yet."""
+    return tuple(table().get("newer_than_floor", {}).get("ops", ()))
+
+
+def absent_entries(category: str) -> Tuple[str, ...]:
+    """The ``ops`` and ``check`` entries of a category that this torch has no overload for."""
+    entry = categories()[category]
+    spelt = [*entry["ops"], *(alt for check in entry["check"] for alt in check.split("|"))]
+    return tuple(dict.fromkeys(e for e in spelt if not aten_overloads(e)))
+
+
 @functools.lru_cache(maxsize=None)
 def category_ops(category: str) -> FrozenSet[str]:
-    """Every overload (this torch has) that a category covers."""
+    """Every overload (this torch has) that a category covers; entries this torch lacks are
+    left out, and said in a debug log."""
+    absent = absent_entries(category)
+    if absent:
+        log.debug("category %s: this torch has no %s (left out)", category, ", ".join(absent))
     ops: set = set()
     for entry in categories()[category]["ops"]:
         ops.update(aten_overloads(entry))

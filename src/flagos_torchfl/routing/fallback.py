@@ -35,6 +35,12 @@ def in_transfer() -> bool:
     return getattr(_state, "transfer", False)
 
 
+def runs_on_host(op) -> bool:
+    """True while this thread runs ``op``'s host kernel for a fallback: a call of ``op`` that
+    reaches the router then is the fallback re-entering itself (the routed key is the host's)."""
+    return op in getattr(_state, "host_ops", ())
+
+
 def _conv_backward_args(bound: Dict[str, Any]) -> Dict[str, Any]:
     weight = bound["weight"]
     out_channels = weight.size(1) * bound["groups"] if bound["transposed"] else weight.size(0)
@@ -163,7 +169,12 @@ def run(op, args: tuple, kwargs: dict, device_type: str) -> Tuple[Any, int]:
         _state.transfer = False
     call_bound = rewrite(host_bound) if rewrite else host_bound
     h_args, h_kwargs = schema.split_call(host_op, call_bound)
-    result = host_op(*h_args, **h_kwargs)
+    running = getattr(_state, "host_ops", ())
+    _state.host_ops = running + (op, host_op)
+    try:
+        result = host_op(*h_args, **h_kwargs)
+    finally:
+        _state.host_ops = running
     if mover.device is None:
         raise RouteUnavailable("no argument says which device the result belongs on")
     _state.transfer = True

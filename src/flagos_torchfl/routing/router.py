@@ -99,6 +99,9 @@ class Router:
         frames = composite.stack()
         if frames and op in frames:
             raise CompositeAbort(op, f"its decomposition re-enters {schema.qualified_name(op)}")
+        if fallback.runs_on_host(op):
+            raise fallback.RouteUnavailable(f"the host kernel of {schema.qualified_name(op)} is routed "
+                                            "too (the backend's dispatch key is the host's)")
         if fallback.in_transfer():
             raise OperatorNotSupportedError(schema.qualified_name(op), self.policy.backend, [
                 ("fallback", "it is needed to copy operands between the host and the device")])
@@ -143,7 +146,9 @@ class Router:
                 tried.append(("override", f"{forced[2]} sets {forced[1]}"))
             elif name in self.policy.native:
                 lacking = ", ".join(map(str, dtypes_of(key[1] & self.policy.dtype_gaps.get(name, 0))))
-                tried.append(("native", f"{self.policy.backend} lacks {lacking} for it"))
+                tried.append(("native", f"{self.policy.backend} lacks {lacking} for it" if lacking else
+                              f"this torch cannot keep {self.policy.backend}'s native kernel beside the "
+                              "route of its dtype gap, so every dtype is routed"))
             error: Optional[BaseException] = None
             for route in order:
                 if route in ("native", "unsupported"):
@@ -313,7 +318,7 @@ class Router:
             if name in native and name not in per_op:
                 per_op[name] = "the backend lacks it for some dtypes"
         vendor = dispatcher.has_backend_fallback(key)
-        can_fallback = hasattr(torch.library.Library, "fallback")
+        can_fallback = compat.has("library_fallback")
         use_fallback = mechanism != "per-op" and can_fallback and not vendor
         if not use_fallback:
             for name in dispatcher.routable(native):
@@ -326,7 +331,7 @@ class Router:
 
     def install(self, mechanism: str = "auto") -> Callable[[], None]:
         """Register with the dispatcher; returns the undo. ``mechanism``: ``auto`` (a backend
-        fallback where possible), ``per-op`` (per-operator kernels only, as on torch 2.4)."""
+        fallback where possible), ``per-op`` (per-operator kernels only, as on a torch without ``Library.fallback``)."""
         self._mechanism = mechanism
         composite.table()
         use_fallback, per_op = self.plan(mechanism)
@@ -354,7 +359,7 @@ class Router:
         op = dispatcher.overload(name)
         gap = self.policy.dtype_gaps.get(name)
         if gap and name in self.policy.native and name not in self.policy.overrides:
-            if not hasattr(torch.library, "get_kernel"):
+            if not compat.has("library_get_kernel"):
                 log.warning("%s: torch %s cannot keep the native kernel beside a dtype route; "
                             "the dtype gap is routed for every dtype", name, torch.__version__)
                 lib.impl(name.partition("::")[2], self._kernel_for(op), key)
