@@ -177,6 +177,9 @@ FEATURES: Dict[str, Feature] = {f.name: f for f in (
             {_OLD: False, _NEW: True, "2.14.1": True}, _attr("torch.get_default_device")),
     Feature("fsdp2", "FSDP2 (torch.distributed.fsdp.fully_shard)",
             {_OLD: False, _NEW: True, "2.14.1": True}, _attr("torch.distributed.fsdp.fully_shard")),
+    Feature("inductor_backend_registration",
+            "torch._inductor.codegen.common.init_backend_registration (registers Inductor's own code generators)",
+            {_OLD: False, _NEW: True, "2.14.1": True}, _attr("torch._inductor.codegen.common.init_backend_registration")),
     Feature("device_mesh", "torch.distributed.device_mesh (init_device_mesh, DeviceMesh)",
             {_OLD: False, _NEW: True, "2.14.1": True}, _attr("torch.distributed.device_mesh.DeviceMesh")),
     Feature("library_fallback", "torch.library.Library.fallback (a Python backend fallback for a dispatch key)",
@@ -275,6 +278,19 @@ def autocast_available(device_type: str) -> bool:
     if has("amp_is_autocast_available"):
         return torch.amp.is_autocast_available(device_type)
     return _old_dispatch_suffix(device_type) is not None
+
+
+def inductor_has_codegen(device_type: str) -> bool:
+    """Whether Inductor has a code generator for ``device_type``, PyTorch's own and the plugins'
+    registrations included (torch 2.1 registers its own two, CPU and CUDA, only when its first
+    graph lowers)."""
+    from torch._inductor.codegen import common
+
+    if has("inductor_backend_registration"):
+        common.init_backend_registration()
+    elif device_type in ("cpu", "cuda"):
+        return True
+    return common.get_scheduling_for_device(device_type) is not None
 
 
 def autocast_takes(device_type: str, dtype: Any) -> bool:

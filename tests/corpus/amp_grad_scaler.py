@@ -1,4 +1,5 @@
 """Mixed precision the CUDA way: torch.autocast("cuda") and torch.amp.GradScaler("cuda")."""
+# torch features: amp_grad_scaler
 import torch
 import torch.nn as nn
 

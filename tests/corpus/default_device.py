@@ -1,4 +1,5 @@
 """torch.set_default_device("cuda") at the top, then plain construction everywhere."""
+# torch features: get_default_device
 import torch
 import torch.nn as nn
 

@@ -1,5 +1,6 @@
 """Legacy APIs still common in the wild: torch.cuda.amp.autocast/GradScaler, torch.cuda.FloatTensor,
 x.type(torch.cuda.FloatTensor), nvtx ranges."""
+# torch features: amp_grad_scaler
 import warnings
 
 import torch

@@ -27,6 +27,11 @@ TWINS = CORPUS / "cpu_twins"
 SCRIPTS = sorted(
     p.name for p in CORPUS.glob("*.py") if not p.name.startswith(("test_", "run_")) and p.name != "conftest.py"
 )
+#: the compat features a script (or its twin) uses, from its ``# torch features: a, b`` line:
+#: on a torch without one the script cannot apply, and is reported skipped
+FEATURES = {s: [name.strip() for line in (CORPUS / s).read_text().splitlines()
+                if line.startswith("# torch features:") for name in line.split(":", 1)[1].split(",")]
+            for s in SCRIPTS}
 MODES = ["api"] + (["launcher"] if importlib.util.find_spec("flagos_torchfl.cli.run") else [])
 #: per run; torch.compile's first compile of torch_compile_mlp.py took 230 s on torch 2.14.1 on a loaded 2-core VM
 TIMEOUT = 900
@@ -77,7 +82,8 @@ def runs(request):
     (the machine has two cores)."""
     reference = "plain" if _native_cuda() else "twin"
     selected = {item.callspec.params["script"] for item in request.session.items
-                if item.module is request.module and "script" in getattr(getattr(item, "callspec", None), "params", {})}
+                if item.module is request.module and "script" in getattr(getattr(item, "callspec", None), "params", {})
+                and item.get_closest_marker("skip") is None}
     jobs = [(m, s) for s in SCRIPTS if s in selected for m in (reference, *MODES)]
     with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
         results = dict(zip(jobs, pool.map(lambda job: _run(*job), jobs)))
@@ -91,7 +97,8 @@ def test_corpus_is_complete():
 
 
 @pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("script", SCRIPTS)
+@pytest.mark.parametrize("script", [pytest.param(s, marks=[pytest.mark.torch_feature(f) for f in FEATURES[s]])
+                                    for s in SCRIPTS])
 def test_script_matches_its_reference(runs, script, mode):
     reference, results = runs
     ref, got = results[(reference, script)], results[(mode, script)]

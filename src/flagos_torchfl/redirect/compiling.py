@@ -15,6 +15,7 @@ from typing import Any, Iterable
 
 import torch
 
+from .. import compat
 from .devices import Target
 from .patches import Patcher, patch_function
 
@@ -26,12 +27,7 @@ def devices_without_inductor(inputs: Iterable[Any]) -> list[str]:
     """The device types of the tensors among ``inputs`` that Inductor has no code generator for
     (after letting it register every backend it knows, the plugins' included), sorted."""
     types = {x.device.type for x in inputs if isinstance(x, torch.Tensor)} - {"meta"}
-    if not types:
-        return []
-    from torch._inductor.codegen.common import get_scheduling_for_device, init_backend_registration
-
-    init_backend_registration()
-    return sorted(t for t in types if get_scheduling_for_device(t) is None)
+    return sorted(t for t in types if not compat.inductor_has_codegen(t))
 
 
 @patch_function("compile_fallback")
