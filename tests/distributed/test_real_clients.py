@@ -30,7 +30,7 @@ TIMEOUT = 400
 HAS_ACCELERATE = importlib.util.find_spec("accelerate") is not None
 ACCELERATE_SKIP = 'accelerate is not installed (pip install -e ".[realclients]")'
 #: client -> the compat features of the torch under test it needs, run plainly as well
-NEEDS = {"ddp_snapshot": (), "mp_spawn_ddp": (), "accelerate_torchrun": (),
+NEEDS = {"ddp_snapshot": (), "ddp_dcp": (), "mp_spawn_ddp": (), "accelerate_torchrun": (),
          "fsdp2_dcp": ("device_mesh", "fsdp2", "dcp_state_dict"),
          "tensor_parallel": ("device_mesh", "fsdp2"),
          "fsdp1_device_id": ("fsdp_cpu",),  # FSDP1 on CPU tensors: the cpu backend and the reference
@@ -142,7 +142,7 @@ def _jobs(root: Path) -> dict:
     agents = out("ddp.agents")
     jobs["ddp.agents"] = (lambda: _two_agents([str(CLIENTS / "ddp_snapshot.py"), "4", "2",
                                                str(agents / "snap.pt"), str(agents)], agents), agents)
-    for name, args in (("fsdp2_dcp", ["{out}/ckpt"]), ("tensor_parallel", []), ("fsdp1_device_id", []),
+    for name, args in (("ddp_dcp", ["{out}/ckpt"]), ("fsdp2_dcp", ["{out}/ckpt"]), ("tensor_parallel", []), ("fsdp1_device_id", []),
                        ("accelerate_torchrun", [])):
         if name == "accelerate_torchrun" and not HAS_ACCELERATE:
             continue
@@ -224,7 +224,7 @@ def assert_trained_like(got: dict, ref: dict, exact: bool, what: str):
 ACCELERATE = pytest.mark.skipif(not HAS_ACCELERATE, reason=ACCELERATE_SKIP)
 CASES = [pytest.param(client, job, backend, id=f"{client}-{job}-{backend}",
                       marks=client_marks(client, backend) + ([ACCELERATE] if client == "accelerate_torchrun" else []))
-         for client, job in (("ddp_snapshot", "ddp"), ("fsdp2_dcp", "fsdp2_dcp"),
+         for client, job in (("ddp_snapshot", "ddp"), ("ddp_dcp", "ddp_dcp"), ("fsdp2_dcp", "fsdp2_dcp"),
                              ("tensor_parallel", "tensor_parallel"), ("fsdp1_device_id", "fsdp1_device_id"),
                              ("mp_spawn_ddp", "mp_spawn_ddp"), ("accelerate_torchrun", "accelerate_torchrun"))
          for backend in ("cpu", "sim")]
@@ -246,6 +246,16 @@ def test_ddp_snapshot_resumes_from_the_snapshot(runs, backend):
     proc, _ = runs[f"ddp.{backend}"]
     assert "Resuming training from snapshot at Epoch 2" in proc.stdout
     assert sorted(records(runs, f"ddp.{backend}", "ddp_snapshot")[0]["losses"]) == ["2", "3"]
+
+
+@pytest.mark.parametrize("backend", BACKENDS["ddp_dcp"])
+def test_ddp_dcp_resumes_where_it_saved(runs, backend):
+    """The state loaded from the distributed checkpoint is the saved one, momentum included: the
+    loaded model trains on exactly as the saved model does."""
+    for rank, record in records(runs, f"ddp_dcp.{backend}", "ddp_dcp").items():
+        assert record["loaded_equals_saved"] is True, rank
+        assert record["losses"][3:] == record["straight_losses"], rank
+        assert record["params"] == record["straight_params"], rank
 
 
 @pytest.mark.needs_sim

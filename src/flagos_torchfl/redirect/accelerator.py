@@ -17,7 +17,9 @@ Two patches:
 * ``accelerator_hint``: where the backend presents no accelerator, a program that asked
   ``torch.accelerator`` for one (``device_count()``, ``is_available()``,
   ``current_accelerator()``) and was told there is none gets, when it ends, one line on stderr
-  saying why and which backend runs it.
+  saying why and which backend runs it. There ``device_count()`` answers 0, as torch does: on a
+  build for an accelerator this machine lacks (a CUDA build without a driver) torch's
+  ``device_count()`` delegates to ``torch.cuda``, which the facade answers for the backend.
 """
 from __future__ import annotations
 
@@ -28,6 +30,7 @@ from typing import Any, Optional
 
 import torch
 
+from .. import compat
 from .devices import Target
 from .patches import Patcher, patch_function
 
@@ -37,9 +40,11 @@ _watch: dict = {}
 
 
 def _real_accelerator_type() -> Optional[str]:
-    accelerator = getattr(torch, "accelerator", None)
+    """The type of the accelerator torch finds available here; None on a CPU-only build and on a
+    build for an accelerator this machine lacks."""
+    accelerator = compat.accelerator_module()
     found = accelerator.current_accelerator() if accelerator is not None else None
-    return found.type if found is not None else None
+    return found.type if found is not None and accelerator.is_available() else None
 
 
 @patch_function("available_device_type")
@@ -72,7 +77,8 @@ def _from_program(depth: int = 2) -> bool:
 
 @patch_function("accelerator_hint")
 def patch_accelerator_hint(target: Target, patcher: Patcher) -> None:
-    """On a backend that presents no accelerator, note when the program finds none."""
+    """On a backend that presents no accelerator, note when the program finds none (and answer
+    ``device_count()`` 0 there, torch's own answer)."""
     accelerator = getattr(torch, "accelerator", None)
     if accelerator is None or _real_accelerator_type() is not None:
         return
@@ -85,7 +91,7 @@ def patch_accelerator_hint(target: Target, patcher: Patcher) -> None:
         def make(original=original, name=name):
             @functools.wraps(original)
             def asked(*args, **kwargs):
-                value = original(*args, **kwargs)
+                value = 0 if name == "device_count" else original(*args, **kwargs)
                 if "backend" in _watch and _none_found(name, value) and _from_program():
                     _watch["asked"] = True
                 return value
