@@ -239,11 +239,11 @@ def test_accelerator_stays_truthful(cpu_backend):
     """As without this package on the same torch (a CUDA build's device module stays torch.cuda)."""
     ft.deactivate()
     plain = (torch.accelerator.is_available(), torch.accelerator.current_accelerator(),
-             torch.get_device_module())
+             torch.get_device_module(), torch.accelerator.device_count())
     ft.init_backend("cpu")
     assert torch.accelerator.is_available() is False
     assert (torch.accelerator.is_available(), torch.accelerator.current_accelerator(),
-            torch.get_device_module()) == plain
+            torch.get_device_module(), torch.accelerator.device_count()) == plain
     assert torch.get_device_module("cuda") is torch.cuda
     assert torch.OutOfMemoryError is torch.cuda.OutOfMemoryError
 
