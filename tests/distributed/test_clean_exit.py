@@ -37,8 +37,8 @@ def test_a_finished_job_exits_0_after_settling_gloo(backend, ending):
     proc = _launch(backend, ending)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "trained" in proc.stdout
-    # before destroy_process_group (when called) and at exit; at exit only where the workers
-    # outlived the group's destruction (torch 2.13's do, torch 2.1 ends them with the group)
+    # before destroy_process_group (when called) and at exit; at exit only where the workers are
+    # still there (torch 2.13's are; torch 2.1 frees the group with the program's objects first)
     expected = (1, 2) if ending == "destroy" else (1,)
     assert proc.stderr.count(SETTLED) in expected, proc.stderr[-3000:]
 
