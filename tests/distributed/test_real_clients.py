@@ -142,8 +142,8 @@ def _jobs(root: Path) -> dict:
     agents = out("ddp.agents")
     jobs["ddp.agents"] = (lambda: _two_agents([str(CLIENTS / "ddp_snapshot.py"), "4", "2",
                                                str(agents / "snap.pt"), str(agents)], agents), agents)
-    for name, args in (("ddp_dcp", ["{out}/ckpt"]), ("fsdp2_dcp", ["{out}/ckpt"]), ("tensor_parallel", []), ("fsdp1_device_id", []),
-                       ("accelerate_torchrun", [])):
+    for name, args in (("ddp_dcp", ["{out}/ckpt"]), ("fsdp2_dcp", ["{out}/ckpt"]), ("tensor_parallel", []),
+                       ("fsdp1_device_id", []), ("accelerate_torchrun", [])):
         if name == "accelerate_torchrun" and not HAS_ACCELERATE:
             continue
         script = str(CLIENTS / f"{name}.py")
