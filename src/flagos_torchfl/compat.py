@@ -186,6 +186,14 @@ FEATURES: Dict[str, Feature] = {f.name: f for f in (
             {_OLD: False, _NEW: True, "2.14.1": True}, _attr("torch.library.Library.fallback")),
     Feature("library_get_kernel", "torch.library.get_kernel (a key's registered kernel, callable boxed)",
             {_OLD: False, _NEW: True, "2.14.1": True}, _attr("torch.library.get_kernel")),
+    Feature("dcp_state_dict", "torch.distributed.checkpoint.state_dict (get_state_dict, set_state_dict)",
+            {_OLD: False, _NEW: True, "2.14.1": True},
+            _attr("torch.distributed.checkpoint.state_dict.get_state_dict")),
+    Feature("fsdp_cpu", "FSDP1 on CPU tensors (torch.cpu.Stream(priority=), which FSDP1 creates)",
+            {_OLD: False, _NEW: True, "2.14.1": True}, lambda: _cpu_stream_takes_priority()),
+    Feature("load_weights_only_default", "torch.load refusing a pickle that carries code by default "
+            "(weights_only=True unless asked otherwise)",
+            {_OLD: False, _NEW: True, "2.14.1": True}, _attr("torch.serialization._default_to_weights_only")),
     Feature("python_privateuse1_backend",
             "a Python-registered PrivateUse1 backend with its own allocator and accelerator hooks (the sim)",
             {_OLD: False, _NEW: True, "2.14.1": True}, lambda: _torch_at_least(SIM_MIN_TORCH)),
@@ -209,6 +217,16 @@ def _cpu_float16_matmul() -> bool:
         torch.nn.functional.linear(torch.ones(1, 2, dtype=torch.half), torch.ones(2, 2, dtype=torch.half))
         return True
     except RuntimeError:  # torch 2.1: "addmm_impl_cpu_" not implemented for 'Half'
+        return False
+
+
+def _cpu_stream_takes_priority() -> bool:
+    import torch
+
+    try:
+        torch.cpu.Stream(priority=0)
+        return True
+    except TypeError:  # torch 2.1: "Stream() takes no arguments"
         return False
 
 

@@ -31,14 +31,16 @@ def _launch(backend: str, ending: str):
 
 
 @needs_proc
-@pytest.mark.parametrize("backend", ["cpu", "sim"])
+@pytest.mark.parametrize("backend", ["cpu", pytest.param("sim", marks=pytest.mark.needs_sim)])
 @pytest.mark.parametrize("ending", ["destroy", "none"])
 def test_a_finished_job_exits_0_after_settling_gloo(backend, ending):
     proc = _launch(backend, ending)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "trained" in proc.stdout
-    # before destroy_process_group (when called) and at exit
-    assert proc.stderr.count(SETTLED) == (2 if ending == "destroy" else 1), proc.stderr[-3000:]
+    # before destroy_process_group (when called) and at exit; at exit only where the workers are
+    # still there (torch 2.13's are; torch 2.1 frees the group with the program's objects first)
+    expected = (1, 2) if ending == "destroy" else (1,)
+    assert proc.stderr.count(SETTLED) in expected, proc.stderr[-3000:]
 
 
 @needs_proc
@@ -91,14 +93,38 @@ def test_settle_waits_for_a_busy_worker_and_gives_up_at_its_limit():
 
 
 @needs_proc
-def test_settle_finds_the_threads_of_a_real_gloo_group():
-    before = clean_exit._gloo_workers()
+@pytest.mark.parametrize("activated", [False, True])
+def test_settle_finds_the_threads_of_a_real_gloo_group(monkeypatch, activated):
+    """By torch's name for them; under activation also where this torch's gloo leaves them
+    unnamed (torch 2.1), recorded as the group is built."""
+    monkeypatch.delenv("FL_BACKEND", raising=False)
+    ft.deactivate()
+    if activated:
+        ft.init_backend("cpu")
+    elif not _gloo_names_its_workers():
+        pytest.skip(f"torch {torch.__version__}'s gloo leaves its worker threads unnamed: "
+                    "they are found under activation only")
+    try:
+        before = clean_exit._gloo_workers()
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+        try:
+            t = torch.ones(4)
+            dist.all_reduce(t)
+            assert len(clean_exit._gloo_workers()) > len(before)
+            assert clean_exit.settle(limit_s=30) is True
+        finally:
+            dist.destroy_process_group()
+    finally:
+        ft.deactivate()
+
+
+def _gloo_names_its_workers() -> bool:
+    """Whether a gloo group of this torch names its worker threads (torch 2.1's does not)."""
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     try:
-        t = torch.ones(4)
-        dist.all_reduce(t)
-        assert len(clean_exit._gloo_workers()) > len(before)
-        assert clean_exit.settle(limit_s=30) is True
+        dist.all_reduce(torch.ones(1))  # a worker names itself as it starts its loop
+        return any(open(f"/proc/self/task/{tid}/comm").read().strip() == clean_exit.WORKER_NAME
+                   for tid in os.listdir("/proc/self/task"))
     finally:
         dist.destroy_process_group()
 

@@ -12,6 +12,8 @@ import socket
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.helpers import ROOT, clean_env, run_tree
 
 CLIENT = Path(__file__).parent / "clients" / "fsdp2_meta_init.py"
@@ -23,6 +25,9 @@ def _port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.needs_sim
+@pytest.mark.torch_feature("fsdp2")
+@pytest.mark.torch_feature("dcp_state_dict")
 def test_fsdp2_meta_init_trains_on_sim_and_resumes_from_its_checkpoint(tmp_path):
     env = clean_env({"FL_BACKEND": "sim"})
     env["PYTHONPATH"] = str(ROOT / "src") + os.pathsep + env.get("PYTHONPATH", "")

@@ -7,6 +7,8 @@ against the same client run plainly with gloo on CPU tensors.
 
 The patches of those modules wait for the program's import (``waits_for``); each run prints
 which patches still wait once the order is set up, proving which order it really ran.
+The modules imported (:data:`HARNESS_NEEDS`) and each client's needs (test_real_clients.NEEDS)
+are compat features of the torch under test: without them a case is skipped, not launched.
 """
 from __future__ import annotations
 
@@ -16,9 +18,13 @@ import sys
 
 import pytest
 
-from tests.distributed.test_real_clients import CLIENTS, _run, _torchrun, assert_trained_like, records
+from flagos_torchfl import compat
+from tests.distributed.test_real_clients import (CLIENTS, NEEDS, _run, _torchrun, assert_trained_like,
+                                                 client_marks, records, runnable)
 
 ORDER = str(CLIENTS / "import_order.py")
+#: what clients/import_order.py imports and checks (DCP's state_dict, device meshes, FSDP2)
+HARNESS_NEEDS = ("dcp_state_dict", "device_mesh", "fsdp2")
 #: client -> extra arguments before the output folder
 CLIENT_ARGS = {"fsdp1_device_id": [], "fsdp2_dcp": ["{out}/ckpt"], "tensor_parallel": []}
 #: (order, backend) runs of every client; "after" under the launcher is test_real_clients' case
@@ -39,6 +45,8 @@ def runs(tmp_path_factory):
     for client, extra in CLIENT_ARGS.items():
         script = str(CLIENTS / f"{client}.py")
         for order, backend in [("ref", "cpu"), *RUNS]:
+            if not _runnable(client, backend):
+                continue
             folder = root / f"{client}.{order}.{backend}"
             folder.mkdir()
             args = [a.format(out=folder) for a in extra] + [str(folder)]
@@ -54,14 +62,24 @@ def runs(tmp_path_factory):
         return {"|".join(key): (futures[key].result(), folder) for key, (_, folder) in jobs.items()}
 
 
+def _runnable(client: str, backend: str) -> bool:
+    return runnable(client, backend) and all(compat.has(name) for name in HARNESS_NEEDS)
+
+
+def _cases() -> list:
+    return [pytest.param(client, order, backend, id=f"{client}-{order}-{backend}",
+                         marks=client_marks(client, backend) + [pytest.mark.torch_feature(n) for n in HARNESS_NEEDS
+                                                                if n not in NEEDS[client]])
+            for client in CLIENT_ARGS for order, backend in RUNS]
+
+
 def _waiting(proc) -> list:
     lines = [line for line in proc.stdout.splitlines() if line.startswith("import_order ")]
     assert len(lines) == 2, proc.stdout[-2000:] + proc.stderr[-3000:]  # one per rank
     return [ast.literal_eval(line.split("waiting for the import of ", 1)[1]) for line in lines]
 
 
-@pytest.mark.parametrize("order, backend", RUNS)
-@pytest.mark.parametrize("client", list(CLIENT_ARGS))
+@pytest.mark.parametrize("client, order, backend", _cases())
 def test_client_trains_the_same_whatever_the_import_order(runs, client, order, backend):
     name = f"{client}|{order}|{backend}"
     got = records(runs, name, client)

@@ -5,7 +5,9 @@ and on sim, against the same program run plainly with gloo on CPU tensors (its `
 The cpu backend runs the reference's own kernels and gloo: bit-identical. On sim the tensors
 live on the simulated device, operators it lacks are routed, and collectives stage through host
 memory: losses and parameters within 1e-6 relative. Every launch runs in the module fixture,
-four at a time, so the module's wall time is that of its slowest launches.
+four at a time, so the module's wall time is that of its slowest launches. A client that needs
+what the torch under test lacks (:data:`NEEDS`, compat features; the sim's own floor on sim) is
+not launched, and its cases are skipped with the reason.
 """
 from __future__ import annotations
 
@@ -20,12 +22,48 @@ from pathlib import Path
 
 import pytest
 
+from flagos_torchfl import compat
 from tests.helpers import ROOT, clean_env, run_tree
 
 CLIENTS = Path(__file__).parent / "clients"
 TIMEOUT = 400
 HAS_ACCELERATE = importlib.util.find_spec("accelerate") is not None
 ACCELERATE_SKIP = 'accelerate is not installed (pip install -e ".[realclients]")'
+#: client -> the compat features of the torch under test it needs, run plainly as well
+NEEDS = {"ddp_snapshot": (), "ddp_dcp": (), "mp_spawn_ddp": (), "accelerate_torchrun": (),
+         "fsdp2_dcp": ("device_mesh", "fsdp2", "dcp_state_dict"),
+         "tensor_parallel": ("device_mesh", "fsdp2"),
+         "fsdp1_device_id": ("fsdp_cpu",),  # FSDP1 on CPU tensors: the cpu backend and the reference
+         "accelerator_gate": ("accelerator", "device_mesh", "fsdp2")}
+#: job names that are not a client's name
+JOB_CLIENTS = {"ddp": "ddp_snapshot"}
+SIM_MODES = ("sim", "agents")
+
+
+def client_marks(client: str, backend: str) -> list:
+    """The markers that skip ``client``'s cases on ``backend`` where this torch cannot run them."""
+    marks = [pytest.mark.torch_feature(name) for name in NEEDS[client]]
+    return marks + [pytest.mark.needs_sim] if backend == "sim" else marks
+
+
+def needing(client: str, backend: str):
+    """A test decorator: :func:`client_marks` of ``client`` on ``backend``."""
+    def decorate(test):
+        for mark in client_marks(client, backend):
+            test = mark(test)
+        return test
+
+    return decorate
+
+
+def runnable(client: str, backend: str) -> bool:
+    needs = NEEDS[client] + (("python_privateuse1_backend",) if backend == "sim" else ())
+    return all(compat.has(name) for name in needs)
+
+
+def _job_runnable(name: str) -> bool:
+    job, _, mode = name.partition(".")
+    return runnable(JOB_CLIENTS.get(job, job), "sim" if mode in SIM_MODES else "cpu")
 
 
 def _env(extra=None) -> dict:
@@ -104,8 +142,8 @@ def _jobs(root: Path) -> dict:
     agents = out("ddp.agents")
     jobs["ddp.agents"] = (lambda: _two_agents([str(CLIENTS / "ddp_snapshot.py"), "4", "2",
                                                str(agents / "snap.pt"), str(agents)], agents), agents)
-    for name, args in (("fsdp2_dcp", ["{out}/ckpt"]), ("tensor_parallel", []), ("fsdp1_device_id", []),
-                       ("accelerate_torchrun", [])):
+    for name, args in (("ddp_dcp", ["{out}/ckpt"]), ("fsdp2_dcp", ["{out}/ckpt"]), ("tensor_parallel", []),
+                       ("fsdp1_device_id", []), ("accelerate_torchrun", [])):
         if name == "accelerate_torchrun" and not HAS_ACCELERATE:
             continue
         script = str(CLIENTS / f"{name}.py")
@@ -138,7 +176,8 @@ def _jobs(root: Path) -> dict:
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    jobs = _jobs(tmp_path_factory.mktemp("clients"))
+    jobs = {name: job for name, job in _jobs(tmp_path_factory.mktemp("clients")).items()
+            if _job_runnable(name)}
     with concurrent.futures.ThreadPoolExecutor(4) as pool:
         futures = {name: pool.submit(job) for name, (job, _) in jobs.items()}
         return {name: (futures[name].result(), folder) for name, (_, folder) in jobs.items()}
@@ -182,14 +221,17 @@ def assert_trained_like(got: dict, ref: dict, exact: bool, what: str):
     assert flat(got[0]["params"]) == flat(got[1]["params"]), f"{what}: ranks' parameters differ"
 
 
-CASES = [("ddp_snapshot", "ddp"), ("fsdp2_dcp", "fsdp2_dcp"), ("tensor_parallel", "tensor_parallel"),
-         ("fsdp1_device_id", "fsdp1_device_id"), ("mp_spawn_ddp", "mp_spawn_ddp"),
-         pytest.param("accelerate_torchrun", "accelerate_torchrun", id="accelerate_torchrun",
-                      marks=pytest.mark.skipif(not HAS_ACCELERATE, reason=ACCELERATE_SKIP))]
+ACCELERATE = pytest.mark.skipif(not HAS_ACCELERATE, reason=ACCELERATE_SKIP)
+CASES = [pytest.param(client, job, backend, id=f"{client}-{job}-{backend}",
+                      marks=client_marks(client, backend) + ([ACCELERATE] if client == "accelerate_torchrun" else []))
+         for client, job in (("ddp_snapshot", "ddp"), ("ddp_dcp", "ddp_dcp"), ("fsdp2_dcp", "fsdp2_dcp"),
+                             ("tensor_parallel", "tensor_parallel"), ("fsdp1_device_id", "fsdp1_device_id"),
+                             ("mp_spawn_ddp", "mp_spawn_ddp"), ("accelerate_torchrun", "accelerate_torchrun"))
+         for backend in ("cpu", "sim")]
+BACKENDS = {client: [pytest.param(b, marks=client_marks(client, b)) for b in ("cpu", "sim")] for client in NEEDS}
 
 
-@pytest.mark.parametrize("backend", ["cpu", "sim"])
-@pytest.mark.parametrize("client, job", CASES)
+@pytest.mark.parametrize("client, job, backend", CASES)
 def test_client_trains_like_plain_gloo(runs, client, job, backend):
     got = records(runs, f"{job}.{backend}", client)
     ref = records(runs, f"{job}.ref", client)
@@ -199,13 +241,24 @@ def test_client_trains_like_plain_gloo(runs, client, job, backend):
         assert device == ("cpu" if backend == "cpu" else f"sim:{rank}"), device
 
 
-def test_ddp_snapshot_resumes_from_the_snapshot(runs):
-    for backend in ("cpu", "sim"):
-        proc, _ = runs[f"ddp.{backend}"]
-        assert "Resuming training from snapshot at Epoch 2" in proc.stdout
-        assert sorted(records(runs, f"ddp.{backend}", "ddp_snapshot")[0]["losses"]) == ["2", "3"]
+@pytest.mark.parametrize("backend", BACKENDS["ddp_snapshot"])
+def test_ddp_snapshot_resumes_from_the_snapshot(runs, backend):
+    proc, _ = runs[f"ddp.{backend}"]
+    assert "Resuming training from snapshot at Epoch 2" in proc.stdout
+    assert sorted(records(runs, f"ddp.{backend}", "ddp_snapshot")[0]["losses"]) == ["2", "3"]
 
 
+@pytest.mark.parametrize("backend", BACKENDS["ddp_dcp"])
+def test_ddp_dcp_resumes_where_it_saved(runs, backend):
+    """The state loaded from the distributed checkpoint is the saved one, momentum included: the
+    loaded model trains on exactly as the saved model does."""
+    for rank, record in records(runs, f"ddp_dcp.{backend}", "ddp_dcp").items():
+        assert record["loaded_equals_saved"] is True, rank
+        assert record["losses"][3:] == record["straight_losses"], rank
+        assert record["params"] == record["straight_params"], rank
+
+
+@pytest.mark.needs_sim
 def test_two_torchrun_agents_train_ddp_on_sim(runs):
     got = records(runs, "ddp.agents", "ddp_snapshot")
     ref = records(runs, "ddp.ref", "ddp_snapshot")
@@ -213,16 +266,22 @@ def test_two_torchrun_agents_train_ddp_on_sim(runs):
     assert got[0]["device"] == got[1]["device"] == "sim:0"  # one device per "node"
 
 
-def test_mp_spawn_loads_the_checkpoint_with_a_cuda_map_location_dict(runs):
-    for backend, devices in (("sim", ["sim:0", "sim:1"]), ("cpu", ["cpu", "cpu"])):
-        got = records(runs, f"mp_spawn_ddp.{backend}", "mp_spawn_ddp")
-        assert [got[r]["loaded_devices"] for r in (0, 1)] == [[d] for d in devices]
-        assert got[0]["world_size"] == 2  # torch.cuda.device_count() answered FL_*_DEVICES
+@pytest.mark.parametrize("backend", BACKENDS["mp_spawn_ddp"])
+def test_mp_spawn_loads_the_checkpoint_with_a_cuda_map_location_dict(runs, backend):
+    devices = ["sim:0", "sim:1"] if backend == "sim" else ["cpu", "cpu"]
+    got = records(runs, f"mp_spawn_ddp.{backend}", "mp_spawn_ddp")
+    assert [got[r]["loaded_devices"] for r in (0, 1)] == [[d] for d in devices]
+    assert got[0]["world_size"] == 2  # torch.cuda.device_count() answered FL_*_DEVICES
 
 
-def test_accelerator_gated_script_trains_on_sim_and_says_why_not_on_cpu(runs):
+@needing("accelerator_gate", "sim")
+def test_accelerator_gated_script_trains_on_sim(runs):
     sim = records(runs, "accelerator_gate.sim", "accelerator_gate")
     assert sim[0]["device_type"] == "sim" and sim[0]["params"] == sim[1]["params"]
+
+
+@needing("accelerator_gate", "cpu")
+def test_accelerator_gated_script_says_why_not_on_cpu(runs):
     proc, folder = runs["accelerator_gate.cpu"]
     assert proc.returncode == 0 and not list(folder.glob("*.json"))
     assert "Unable to locate sufficient 2 gpus" in proc.stdout
@@ -230,6 +289,7 @@ def test_accelerator_gated_script_trains_on_sim_and_says_why_not_on_cpu(runs):
     assert len(hints) == 2 and "FL_BACKEND=sim" in hints[0]  # one per rank
 
 
+@needing("fsdp2_dcp", "sim")
 def test_routing_report_counts_the_host_bytes_collectives_staged(runs):
     proc, _ = runs["fsdp2_dcp.sim"]
     assert proc.returncode == 0, proc.stderr[-3000:]

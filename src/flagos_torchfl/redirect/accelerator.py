@@ -17,7 +17,9 @@ Two patches:
 * ``accelerator_hint``: where the backend presents no accelerator, a program that asked
   ``torch.accelerator`` for one (``device_count()``, ``is_available()``,
   ``current_accelerator()``) and was told there is none gets, when it ends, one line on stderr
-  saying why and which backend runs it.
+  saying why and which backend runs it. (On a build for an accelerator this machine lacks, a
+  CUDA build without a driver, torch's ``device_count()`` delegates to ``torch.cuda``: the
+  facade gives it the real count, 0.)
 """
 from __future__ import annotations
 

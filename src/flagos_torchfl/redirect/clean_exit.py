@@ -14,12 +14,18 @@ handlers, Lightning's ``destroy_process_group`` among them) and at the start of 
 ``dist.destroy_process_group()``, the main thread releases the GIL until every gloo worker thread
 of the process has finished with what it held (:func:`settle`). Only waiting is added: no exit
 status, exception or teardown of the program is changed, so a program that failed still fails.
+
+gloo's workers are found by the name torch gives them (:data:`WORKER_NAME`). A torch whose gloo
+leaves them unnamed (torch 2.1: they carry the process's name) is covered too: while the patch is
+applied, the threads born unnamed while c10d builds a process group (``_new_process_group_helper``)
+are recorded and settled as well.
 """
 from __future__ import annotations
 
 import atexit
 import functools
 import os
+import threading
 import time
 from typing import Dict, Optional, Tuple
 
@@ -41,23 +47,56 @@ _TASKS = "/proc/self/task"
 
 #: {"active": True} while the patch is applied
 _state: dict = {}
+#: tid -> name of the threads born unnamed while c10d built a process group (gloo's workers where
+#: torch does not name them); one that has been renamed or has ended since no longer counts
+_born: Dict[str, str] = {}
 
 
-def _gloo_workers() -> Optional[list]:
-    """Thread ids of gloo's worker threads in this process; None where threads cannot be listed."""
+def _threads() -> Optional[Dict[str, str]]:
+    """tid -> name (``/proc/self/task/N/comm``) of this process's threads; None where threads
+    cannot be listed."""
     try:
         tids = os.listdir(_TASKS)
     except OSError:
         return None
-    found = []
+    names = {}
     for tid in tids:
         try:
             with open(f"{_TASKS}/{tid}/comm") as f:
-                if f.read().strip() == WORKER_NAME:
-                    found.append(tid)
+                names[tid] = f.read().strip()
         except OSError:  # the thread ended meanwhile
             continue
-    return found
+    return names
+
+
+def _gloo_workers() -> Optional[list]:
+    """Thread ids of gloo's worker threads in this process: those with torch's name for them and
+    those recorded unnamed at a group's construction (still alive, still so named); None where
+    threads cannot be listed."""
+    names = _threads()
+    if names is None:
+        return None
+    return sorted(tid for tid, name in names.items()
+                  if name == WORKER_NAME or (tid in _born and _born[tid] == name))
+
+
+def _recording_births(original):
+    """c10d's ``_new_process_group_helper`` that records the threads born unnamed (with the name
+    of the calling thread, which a new native thread inherits) while it builds the group."""
+
+    @functools.wraps(original)
+    def _new_process_group_helper(*args, **kwargs):
+        before = _threads()
+        try:
+            return original(*args, **kwargs)
+        finally:
+            after = _threads()
+            if before is not None and after is not None:
+                caller = after.get(str(threading.get_native_id()))
+                _born.update({tid: name for tid, name in after.items()
+                              if tid not in before and name == caller})
+
+    return _new_process_group_helper
 
 
 def _look(tids: list) -> Dict[str, Tuple[str, str]]:
@@ -123,7 +162,8 @@ atexit.register(_settle_at_exit)
 
 @patch_function("clean_exit", waits_for="torch.distributed.distributed_c10d")
 def patch_clean_exit(target: Target, patcher: Patcher) -> None:
-    """Settle gloo's workers at exit and before ``dist.destroy_process_group()`` tears down."""
+    """Settle gloo's workers at exit and before ``dist.destroy_process_group()`` tears down;
+    record the threads each new process group starts unnamed (see the module's docstring)."""
     import torch.distributed as dist
     import torch.distributed.distributed_c10d as c10d
 
@@ -136,3 +176,4 @@ def patch_clean_exit(target: Target, patcher: Patcher) -> None:
 
     patcher.setitem(_state, "active", True)
     patcher.replace_in((c10d, dist), "destroy_process_group", original, destroy_process_group)
+    patcher.wrap(c10d, "_new_process_group_helper", _recording_births)
