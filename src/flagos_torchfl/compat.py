@@ -180,6 +180,9 @@ FEATURES: Dict[str, Feature] = {f.name: f for f in (
     Feature("inductor_backend_registration",
             "torch._inductor.codegen.common.init_backend_registration (registers Inductor's own code generators)",
             {_OLD: False, _NEW: True, "2.14.1": True}, _attr("torch._inductor.codegen.common.init_backend_registration")),
+    Feature("dynamo_unhooks_optimizer_steps",
+            "torch.compile taking the step-hook wrapper off torch.optim's optimizers (dynamo's TorchPatcher.patch)",
+            {_OLD: True, _NEW: False, "2.14.1": False}, lambda: _dynamo_unhooks_optimizer_steps()),
     Feature("device_mesh", "torch.distributed.device_mesh (init_device_mesh, DeviceMesh)",
             {_OLD: False, _NEW: True, "2.14.1": True}, _attr("torch.distributed.device_mesh.DeviceMesh")),
     Feature("library_fallback", "torch.library.Library.fallback (a Python backend fallback for a dispatch key)",
@@ -198,6 +201,17 @@ FEATURES: Dict[str, Feature] = {f.name: f for f in (
             "a Python-registered PrivateUse1 backend with its own allocator and accelerator hooks (the sim)",
             {_OLD: False, _NEW: True, "2.14.1": True}, lambda: _torch_at_least(SIM_MIN_TORCH)),
 )}
+
+
+def _dynamo_unhooks_optimizer_steps() -> bool:
+    import inspect
+
+    from torch._dynamo import eval_frame
+
+    patcher = getattr(eval_frame, "TorchPatcher", None)
+    patch = getattr(patcher, "patch", None)
+    code = getattr(inspect.unwrap(patch), "__code__", None) if patch is not None else None
+    return code is not None and "unwrapped_step" in code.co_varnames
 
 
 def _cpu_autocast_float16() -> bool:

@@ -57,3 +57,37 @@ def patch_compile_fallback(target: Target, patcher: Patcher) -> None:
         return lookup_backend(FALLBACK)(model_, inputs_)
 
     patcher.setattr(wrapper, "__call__", __call__)
+
+
+@patch_function("compile_keeps_step_hooks", waits_for="torch._dynamo.eval_frame")
+def patch_compile_keeps_step_hooks(target: Target, patcher: Patcher) -> None:
+    """Where ``torch.compile`` takes the step-hook wrapper off every ``torch.optim`` optimizer's
+    ``step`` (torch 2.1's dynamo does, once per process, in ``TorchPatcher.patch`` at the first
+    compile), the wrapper is put back — after that compile, or at activation if it came before:
+    the global step hooks (the cpu backend's memory limit, the pool's clear interval, the routing
+    report's step count, the program's own) keep running."""
+    if not compat.has("dynamo_unhooks_optimizer_steps"):
+        return
+    from torch._dynamo.eval_frame import TorchPatcher
+
+    original = vars(TorchPatcher)["patch"].__func__
+    hooked_code = torch.optim.Optimizer.profile_hook_step(lambda *a, **k: None).__code__
+
+    def rehook() -> None:
+        for optimizer in vars(torch.optim).values():
+            if not (isinstance(optimizer, type) and issubclass(optimizer, torch.optim.Optimizer)):
+                continue
+            step = vars(optimizer).get("step")
+            # dynamo marks the step it unwrapped "hooked", so torch never wraps it again
+            if getattr(step, "hooked", False) and getattr(step, "__code__", None) is not hooked_code:
+                rehooked = torch.optim.Optimizer.profile_hook_step(step)
+                rehooked.hooked = True
+                patcher.setattr(optimizer, "step", rehooked)
+
+    @functools.wraps(original)
+    def patch() -> None:
+        original()
+        rehook()
+
+    patcher.setattr(TorchPatcher, "patch", staticmethod(patch))
+    rehook()
