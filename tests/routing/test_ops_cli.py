@@ -58,34 +58,32 @@ def test_export_then_replay_on_the_sim(tmp_path):
     assert "aten::convolution_overrideable" in ran.stdout and "fallback" in ran.stdout
 
 
-def test_routes_of_every_operator_on_the_cpu():
-    # what reaches the CPU's key without a kernel: decompositions, host equivalents, no route
-    done = run_python(["-m", "flagos_torchfl", "ops", "--backend", "cpu"])
+def _route_table(*args):
+    """``ops ARGS``' lines and its operator -> route rows (the command must succeed)."""
+    done = run_python(["-m", "flagos_torchfl", "ops", *args])
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     assert lines[0].split() == ["OPERATOR", "ROUTE", "DETAIL"]
-    rows = {line.split()[0]: line.split()[1] for line in lines[1:] if line.startswith("aten::")}
+    return lines, {line.split()[0]: line.split()[1] for line in lines[1:] if line.startswith("aten::")}
+
+
+def test_routes_of_every_operator_on_the_cpu():
+    # what reaches the CPU's key without a kernel: decompositions, host equivalents, no route
+    lines, rows = _route_table("--backend", "cpu")
     assert rows["aten::add.Tensor"] == "native" and rows["aten::_thnn_fused_lstm_cell"] == "composite"
     assert rows["aten::convolution_overrideable"] == "fallback"
     assert rows["aten::cudnn_convolution"] == "unsupported"
     assert lines[-1].startswith("cpu: ") and "common categories native" in lines[-1]
-    only = run_python(["-m", "flagos_torchfl", "ops", "--backend", "cpu", "--route", "unsupported"])
-    shown = {line.split()[1] for line in only.stdout.splitlines()[1:] if line.startswith("aten::")}
-    assert shown == {"unsupported"}
+    assert set(_route_table("--backend", "cpu", "--route", "unsupported")[1].values()) == {"unsupported"}
 
 
 @pytest.mark.needs_sim
 def test_routes_of_every_operator_on_the_sim():
-    done = run_python(["-m", "flagos_torchfl", "ops", "--backend", "sim"])
-    assert done.returncode == 0, done.stderr
-    lines = done.stdout.splitlines()
-    assert lines[0].split() == ["OPERATOR", "ROUTE", "DETAIL"]
-    rows = {line.split()[0]: line.split()[1] for line in lines[1:] if line.startswith("aten::")}
+    lines, rows = _route_table("--backend", "sim")
     assert rows["aten::add.Tensor"] == "native" and rows["aten::silu.out"] == "composite"
     assert rows["aten::histc"] == "fallback" and rows["aten::cudnn_convolution"] == "unsupported"
     assert "common categories native" in lines[-1]
-    only = run_python(["-m", "flagos_torchfl", "ops", "--backend", "sim", "--route", "composite"])
-    assert {line.split()[1] for line in only.stdout.splitlines()[1:] if line.startswith("aten::")} == {"composite"}
+    assert set(_route_table("--backend", "sim", "--route", "composite")[1].values()) == {"composite"}
 
 
 @pytest.mark.parametrize("chip", [pytest.param(("--backend", "sim"), marks=pytest.mark.needs_sim, id="sim"),
