@@ -1,5 +1,13 @@
 """Test harness.
 
+Two tiers. ``python -m pytest -q`` runs the quick tier: the unit and in-process tests of every
+layer, a few minutes on a 2-core machine. ``python -m pytest -q --all`` runs the full suite, what
+``.ci/run`` runs: the quick tier plus every test that starts programs of its own (torchrun jobs,
+the launcher, the command line, third-party programs, the real vendor wheels, PyTorch's
+conformance samples). :data:`FULL_ONLY` names the folders and modules that belong to the full
+suite only, and ``@pytest.mark.full`` marks single tests. In the quick tier a test that starts a
+Python interpreter fails, naming the rule, so the tier stays what it says.
+
 Modules that set ``pytestmark = pytest.mark.isolated`` run in a fresh interpreter of their own:
 things that cannot be undone inside one process (claiming PyTorch's PrivateUse1 slot for ``sim``,
 importing a fake vendor plugin) must not leak into other tests. The first test of such a module
@@ -19,12 +27,57 @@ IN_CHILD = os.environ.get("FL_TEST_ISOLATED_CHILD") == "1"
 ROOT = Path(__file__).resolve().parent.parent
 _results: dict[str, dict[str, tuple[str, str]]] = {}
 
+#: what only the full suite runs (paths under tests/, a folder or a module) and why
+FULL_ONLY = {
+    "distributed": "2-process torchrun jobs",
+    "realclients": "third-party programs (transformers, accelerate, Lightning, peft, DeepSpeed ...)",
+    "corpus": "CUDA-written scripts, each run plainly and under the launcher",
+    "conformance": "PyTorch's OpInfo samples through every route",
+    "vendor": "the real vendor wheels, installed into folders of their own",
+    "launcher/test_launcher_run.py": "programs under the launcher",
+    "launcher/test_launcher_children.py": "the launcher's child processes",
+    "k8s/test_k8s_replay.py": "pods replayed as torchrun jobs",
+    "k8s/test_k8s_labels.py": "the labelling command as a program",
+    "profiles/test_profile_models.py": "transformers models under the launcher",
+    "profiles/test_fallback_budget.py": "programs under the launcher",
+    "routing/test_ops_cli.py": "the ops command as a program",
+    "routing/test_real_models.py": "transformers models on every route",
+    "hardening/test_children.py": "children of activated programs",
+    "hardening/test_faults.py": "faults injected into child interpreters",
+    "foundation/test_cli.py": "the command line as a program",
+    "foundation/test_autoload.py": "interpreters with plug-ins that fail to load",
+    "foundation/test_new_chip.py": "a third-party chip installed and launched",
+    "foundation/test_probe_hang.py": "query tools and plug-ins that hang",
+    "foundation/test_startup_modules.py": "fresh interpreters' module lists",
+    "foundation/test_import.py": "fresh interpreters importing the package",
+    "redirect/test_compile_step_hooks.py": "torch.compile in fresh interpreters",
+    "redirect/test_patch_import_order.py": "fresh interpreters per import order",
+    "redirect/test_compile_fallback.py": "torch.compile in a fresh interpreter",
+    "memory/test_memory_vendor.py": "fake vendor plug-ins in fresh interpreters",
+    "precision/test_train_mixed.py": "training runs compared across backends",
+    "precision/test_train_activated.py": "training runs compared across backends",
+}
+#: set in the environment of every interpreter the tests start, so that the quick tier's rule
+#: (no interpreter of a test's own) holds in isolated modules' children too
+TIER = "FL_TEST_TIER"
+
 
 #: test folders that need the sim device throughout (its own floor: compat.SIM_MIN_TORCH)
 SIM_SUITES = ("sim", "profiles", "conformance")
 
 
+def pytest_addoption(parser):
+    parser.addoption("--all", action="store_true", default=False,
+                     help="run the full suite (what .ci/run runs), not only the quick tier")
+
+
+def _full(config) -> bool:
+    return config.getoption("--all") or os.environ.get(TIER) == "full"
+
+
 def pytest_configure(config):
+    os.environ[TIER] = "full" if _full(config) else "quick"
+    config.addinivalue_line("markers", "full: in the full suite only (python -m pytest --all)")
     config.addinivalue_line("markers", "isolated: run this module in a fresh interpreter")
     config.addinivalue_line(
         "markers", "torch_feature(name): needs compat feature NAME of the torch under test; "
@@ -48,6 +101,32 @@ def _torch_feature_skips(items) -> None:
         if missing:
             what = "; ".join(compat.FEATURES[n].what for n in missing)
             item.add_marker(pytest.mark.skip(reason=f"torch {torch.__version__} lacks {what}"))
+
+
+def _starts_python(args) -> bool:
+    argv = [args] if isinstance(args, (str, bytes, os.PathLike)) else list(args)
+    program = os.fsdecode(argv[0]) if argv else ""
+    return program == sys.executable or os.path.basename(program).startswith("python")
+
+
+@pytest.fixture(autouse=True)
+def _quick_tier_runs_in_process(request, monkeypatch):
+    """In the quick tier, a test that starts a Python interpreter of its own fails (mark it
+    ``full``, or list its module in :data:`FULL_ONLY`)."""
+    if os.environ.get(TIER) != "quick":  # (an isolated module's parent item sets up no fixture)
+        yield
+        return
+    original = subprocess.Popen.__init__
+
+    def refuse(self, args, *rest, **kwargs):
+        if _starts_python(args):
+            raise AssertionError(
+                f"{request.node.nodeid} starts a Python interpreter ({args!r}): quick-tier tests run "
+                "in-process; mark it @pytest.mark.full or list its module in tests/conftest.py FULL_ONLY")
+        original(self, args, *rest, **kwargs)
+
+    monkeypatch.setattr(subprocess.Popen, "__init__", refuse)
+    yield
 
 
 def _run_module_in_child(path: Path, tmp_dir: Path) -> dict[str, tuple[str, str]]:
@@ -88,7 +167,18 @@ def pytest_runtest_call(item):
         pytest.fail(f"[isolated child] {outcome}:\n{detail}", pytrace=False)
 
 
-def pytest_collection_modifyitems(items):
+def _full_only(item) -> bool:
+    rel = Path(str(item.fspath)).resolve().relative_to(ROOT / "tests").as_posix()
+    return item.get_closest_marker("full") is not None or any(
+        rel == path or rel.startswith(path + "/") for path in FULL_ONLY)
+
+
+def pytest_collection_modifyitems(config, items):
+    if not _full(config):
+        quick = [item for item in items if not _full_only(item)]
+        if len(quick) < len(items):
+            config.hook.pytest_deselected(items=[item for item in items if _full_only(item)])
+            items[:] = quick
     _torch_feature_skips(items)
     # In the parent, an isolated test's fixtures are not set up either: they may do what cannot
     # be undone (the child sets them up for real).

@@ -12,8 +12,11 @@ CLEAN_PREFIXES = ("FL_", "CUDA_VISIBLE_DEVICES", "LOCAL_WORLD_SIZE", "ASCEND_RT_
 
 
 def clean_env(extra: Optional[Mapping[str, str]] = None) -> dict:
-    """The current environment without any FL_* or device-mask variable, plus ``extra``."""
+    """The current environment without any FL_* or device-mask variable, with this interpreter's
+    scripts folder first on ``PATH`` (``torchrun`` is found as in an activated venv, also when
+    the tests run as ``venv/bin/python -m pytest``), plus ``extra``."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(CLEAN_PREFIXES)}
+    env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
     env.update(extra or {})
     return env
 

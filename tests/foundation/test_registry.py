@@ -63,6 +63,7 @@ def test_register_rejects_clashing_names_and_non_backends():
         reg.register(object())
 
 
+@pytest.mark.full
 def test_broken_entry_point_becomes_a_reason(tmp_path):
     dist = tmp_path / "broken_chip-0.1.dist-info"
     dist.mkdir()
@@ -81,6 +82,7 @@ def installed_fake_chip(tmp_path_factory):
     return install_fixture("fake_chip", tmp_path_factory)
 
 
+@pytest.mark.full
 def test_third_party_backend_appears_in_detect_and_is_selectable(installed_fake_chip):
     env = prepend_path({}, "PYTHONPATH", installed_fake_chip)
     proc = run_python(["-m", "flagos_torchfl", "detect", "--json"], env=env)

@@ -173,6 +173,7 @@ def test_sim_is_never_auto_selected_but_can_be_requested_without_probing():
     assert selection.choose("sim", {}, probe)[0] == "sim"
 
 
+@pytest.mark.full
 def test_command_line_examples():
     proc = run_python(["-c", "import flagos_torchfl as ft; ft.auto_select_backend()"],
                       env={"FL_BACKEND": "ascend"})

@@ -30,6 +30,7 @@ def test_bad_variable_stops_activation_before_anything_changes(monkeypatch, vari
     assert_untouched()
 
 
+@pytest.mark.full
 @pytest.mark.parametrize("value", ["inf", "1e300"])
 def test_detect_and_env_with_a_bad_timeout_print_one_line_and_fail(value):
     for command in ("detect", "env"):
@@ -59,6 +60,7 @@ def test_misconfigured_cpu_in_auto_selection_is_an_error(monkeypatch):
         ft.auto_select_backend()
 
 
+@pytest.mark.full
 @pytest.mark.needs_sim
 def test_huge_device_count_is_bounded_in_detect():
     proc = run_python(["-m", "flagos_torchfl", "detect"], env={"FL_SIM_DEVICES": "100000000"}, timeout=120)
@@ -154,6 +156,7 @@ def test_non_utf8_and_directory_files_name_the_file(tmp_path):
         ft.load_routing_config(None)
 
 
+@pytest.mark.full
 def test_ops_export_to_a_missing_folder(tmp_path):
     target = tmp_path / "no" / "such" / "chip.json"
     proc = run_python(["-m", "flagos_torchfl", "ops", "--backend", "cpu", "--export", str(target)], timeout=180)

@@ -220,6 +220,7 @@ def test_daemonset_is_valid_and_writes_where_nfd_reads():
     assert pod["tolerations"] == [{"operator": "Exists"}]
 
 
+@pytest.mark.full
 def test_the_console_command_prints_the_same_yaml():
     proc = run_python(["-m", "flagos_torchfl", "k8s", "job", "--backend", "xpu", "--nodes", "2",
                        "--nproc-per-node", "8", "--image", "registry.example.com/team/train:1.0", "--",

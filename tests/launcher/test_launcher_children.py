@@ -1,7 +1,6 @@
 """Child processes of a launched program activate without the program changing: ``subprocess``
 of python, ``multiprocessing`` spawn/forkserver, DataLoader workers, ``torch.multiprocessing.spawn``
 and torchrun workers; children that never import torch pay nothing; failures are loud."""
-import shutil
 
 import pytest
 
@@ -154,7 +153,6 @@ fl_state("child", user=os.environ.get("USER_SITECUSTOMIZE"), module=sitecustomiz
     assert child["backend"] == "cpu"
 
 
-@pytest.mark.skipif(shutil.which("torchrun") is None, reason="torchrun is not on PATH")
 def test_torchrun_workers_are_activated(tmp_path):
     write(tmp_path, "ddp.py", REPORT_FUNCTION + '''
 import torch, torch.distributed as dist

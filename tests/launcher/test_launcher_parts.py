@@ -19,11 +19,13 @@ print(flagos_torchfl.current_backend(), len(watchers))
 '''
 
 
+@pytest.mark.full
 def test_importing_flagos_torchfl_never_activates():
     proc = run_python(["-c", NOT_ACTIVE], env={"FL_BACKEND": "cpu"})
     assert proc.stdout.split() == ["None", "0"], proc.stderr
 
 
+@pytest.mark.full
 def test_bootstrap_on_pythonpath_without_fl_activate_does_nothing():
     env = {"FL_BACKEND": "cpu", "PYTHONPATH": startup.BOOTSTRAP_DIR}
     proc = run_python(["-c", NOT_ACTIVE], env=env)

@@ -143,6 +143,7 @@ def test_memory_calls_need_an_active_backend_and_a_valid_device():
     assert ft.memory_stats("cuda:0").device == ft.memory_stats(0).device == 0
 
 
+@pytest.mark.full
 def test_launcher_adds_the_host_figures_and_advice_to_the_cpu_limits_error(tmp_path):
     from tests.launcher.launching import launch, write
 
@@ -161,6 +162,7 @@ def test_launcher_adds_the_host_figures_and_advice_to_the_cpu_limits_error(tmp_p
     assert "raise memory_virtual_limit (now 64 MiB; FL_MEMORY_VIRTUAL_LIMIT)" in proc.stderr
 
 
+@pytest.mark.full
 @pytest.mark.needs_sim
 def test_launcher_adds_the_pool_figures_and_advice_to_an_out_of_memory_error(tmp_path):
     from tests.launcher.launching import launch, write

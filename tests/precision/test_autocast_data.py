@@ -57,6 +57,7 @@ def test_policies_are_disjoint_and_known():
             torch._C._dispatch_has_kernel_for_dispatch_key(target, "CompositeExplicitAutograd")
 
 
+@pytest.mark.full
 @same_torch_as_the_file
 def test_generator_reproduces_the_data_file():
     done = subprocess.run([sys.executable, str(ROOT / "tools" / "autocast_lists.py")],

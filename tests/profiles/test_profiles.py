@@ -148,6 +148,7 @@ def test_bad_budgets_are_refused_naming_the_forms(text):
         budget.parse(text)
 
 
+@pytest.mark.full
 def test_ops_diff_compares_two_tables_by_category():
     done = run_python(["-m", "flagos_torchfl", "ops", "--profile", "ascend", "--diff", "mthreads", "--json"],
                       timeout=300)
@@ -164,6 +165,7 @@ def test_ops_diff_compares_two_tables_by_category():
     assert text.returncode == 0 and "moving from cambricon to cpu" in text.stdout
 
 
+@pytest.mark.full
 def test_ops_diff_with_a_backend_this_torch_has_no_kernels_for_says_so():
     import torch
 
@@ -174,6 +176,7 @@ def test_ops_diff_with_a_backend_this_torch_has_no_kernels_for_says_so():
     assert f"this torch build ({torch.__version__}) registers no CUDA kernels" in done.stdout
 
 
+@pytest.mark.full
 def test_run_profile_usage_errors():
     done = run_python(["-m", "flagos_torchfl", "run", "--profile", "ascnd", "examples/train_cuda.py"])
     assert done.returncode == 2 and "--profile 'ascnd' is not a sim profile" in done.stderr
@@ -183,6 +186,7 @@ def test_run_profile_usage_errors():
     assert done.returncode == 2 and "cannot be combined with --backend cpu" in done.stderr
 
 
+@pytest.mark.full
 def test_detect_lists_the_profiles():
     done = run_python(["-m", "flagos_torchfl", "detect", "--json"], timeout=300)
     rows = {r["profile"]: r for r in json.loads(done.stdout)["sim_profiles"]}

@@ -155,6 +155,7 @@ def test_no_operator_interception(cpu_backend):
     assert not torch._C._is_torch_function_mode_enabled()
 
 
+@pytest.mark.full
 def test_import_is_free():
     import subprocess
 

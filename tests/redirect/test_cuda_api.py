@@ -201,6 +201,7 @@ def test_submodule_stand_ins_introspect_as_the_real_submodule(cpu_backend):
     assert torch.cuda.Stream.__name__ == type(torch.cuda.current_stream()).__name__
 
 
+@pytest.mark.full
 def test_dynamo_imports_and_optimizers_step_under_the_facade():
     """A fresh process: the first optimizer step imports torch._dynamo while the facade is active
     (torch 2.14's dynamo reads ``__wrapped__`` of torch.cuda names; AdamW asks
@@ -255,6 +256,7 @@ def test_private_plumbing_reaches_real_module(cpu_backend):
     assert callable(torch.cuda._lazy_init)
 
 
+@pytest.mark.full
 @pytest.mark.needs_sim
 def test_the_uses_of_missing_names_belong_to_one_activation():
     # a sim profile renames the device type for the process: in a child of its own

@@ -54,6 +54,7 @@ PROGRAM = textwrap.dedent("""
     ("ascend", "NPU_Accelerator npu hccl"),
     ("cambricon", "MLU_Accelerator mlu cncl"),
 ])
+@pytest.mark.full
 def test_deepspeeds_own_accelerator_stays_on_known_vendor_chips(tmp_path, backend, expected):
     plugin = _plugin(tmp_path / "plugin", backend)
     env = prepend_path({"TORCH_DEVICE_BACKEND_AUTOLOAD": "0"}, "PYTHONPATH", plugin)

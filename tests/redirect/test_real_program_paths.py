@@ -36,6 +36,7 @@ def test_a_name_torch_cuda_lacks_raises_attribute_error_with_the_closest(cpu_bac
         torch.cuda.memory.not_a_function
 
 
+@pytest.mark.full
 def test_cuda_kernel_library_stays_on_its_cpu_path():
     env = prepend_path({"FL_CUDA_KERNEL_PACKAGES": "fastkern"}, "PYTHONPATH",
                        ROOT / "tests" / "fixtures" / "cuda_kernel_lib")
@@ -109,6 +110,7 @@ if __name__ == "__main__":
 """
 
 
+@pytest.mark.full
 def test_run_devices_gives_mp_spawn_scripts_their_world_size(tmp_path):
     script = tmp_path / "spawn_workers.py"
     script.write_text(SPAWN)

@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
-from leave import leave, write_record  # the clients folder is sys.path[0]
+from leave import end_group, leave, write_record  # the clients folder is sys.path[0]
 
 
 def main(args):
@@ -46,7 +46,7 @@ def main(args):
     record = {"rank": rank, "losses": losses, "params": params,
               "device": str(next(model.parameters()).device)}
     write_record(args.out, "fsdp1_device_id", record)
-    dist.destroy_process_group()
+    end_group()
 
 
 if __name__ == "__main__":

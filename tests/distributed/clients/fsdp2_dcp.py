@@ -17,7 +17,7 @@ import torch.nn as nn
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
-from leave import leave, write_record  # the clients folder is sys.path[0]
+from leave import end_group, leave, write_record  # the clients folder is sys.path[0]
 
 
 class Block(nn.Module):
@@ -93,7 +93,7 @@ def main(args):
     record = {"rank": dist.get_rank(), "losses": losses, "params": params,
               "device": str(next(fresh.parameters()).to_local().device)}
     write_record(args.out, "fsdp2_dcp", record)
-    dist.destroy_process_group()
+    end_group()
 
 
 if __name__ == "__main__":

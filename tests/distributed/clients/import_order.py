@@ -61,7 +61,11 @@ def main(order, client, args):
         raise SystemExit(f"unknown order {order!r}: before, after, reactivated or deactivated")
     from flagos_torchfl import redirect
 
-    print(f"import_order {order}: waiting for the import of {redirect.waiting_patches()}", flush=True)
+    # whether dynamo is imported yet decides whether the compile patch waits: `import torch` imports
+    # it where an installed torch.backends plug-in does, a fresh environment's does not
+    dynamo = "torch._dynamo.eval_frame" in sys.modules
+    print(f"import_order {order}: dynamo imported {dynamo}; waiting for the import of "
+          f"{redirect.waiting_patches()}", flush=True)
     sys.argv = [client, *args]
     runpy.run_path(client, run_name="__main__")
 

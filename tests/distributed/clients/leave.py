@@ -31,6 +31,17 @@ def activated() -> bool:
     return ft is not None and ft.current_backend() is not None
 
 
+def end_group() -> None:
+    """End the default process group: under flagos_torchfl as the program would
+    (``dist.destroy_process_group()``, which its ``clean_exit`` patch makes safe); plain torch
+    leaves it to :func:`leave`, because freeing a gloo group there can deadlock (a reference run
+    of ddp_dcp.py hung so, killed after 400 s)."""
+    if activated():
+        import torch.distributed as dist
+
+        dist.destroy_process_group()
+
+
 def leave() -> None:
     """Under flagos_torchfl return, so that the program ends normally. Plain torch: run the exit
     handlers, flush the output and end the process with 0 without the interpreter's teardown."""
