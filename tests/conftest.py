@@ -5,7 +5,8 @@ layer, a few minutes on a 2-core machine. ``python -m pytest -q --all`` runs the
 ``.ci/run`` runs: the quick tier plus every test that starts programs of its own (torchrun jobs,
 the launcher, the command line, third-party programs, the real vendor wheels, PyTorch's
 conformance samples). :data:`FULL_ONLY` names the folders and modules that belong to the full
-suite only, and ``@pytest.mark.full`` marks single tests. In the quick tier a test that starts a
+suite only, and ``@pytest.mark.full`` marks single tests; a folder or module named on the command
+line (``python -m pytest tests/distributed``) runs whole. In the quick tier a test that starts a
 Python interpreter fails, naming the rule, so the tier stays what it says.
 
 Modules that set ``pytestmark = pytest.mark.isolated`` run in a fresh interpreter of their own:
@@ -113,8 +114,8 @@ def _starts_python(args) -> bool:
 def _quick_tier_runs_in_process(request, monkeypatch):
     """In the quick tier, a test that starts a Python interpreter of its own fails (mark it
     ``full``, or list its module in :data:`FULL_ONLY`)."""
-    if os.environ.get(TIER) != "quick":  # (an isolated module's parent item sets up no fixture)
-        yield
+    if os.environ.get(TIER) != "quick" or _full_only(request.node):  # (an isolated module's parent
+        yield                                                          # item sets up no fixture)
         return
     original = subprocess.Popen.__init__
 
@@ -133,8 +134,8 @@ def _run_module_in_child(path: Path, tmp_dir: Path) -> dict[str, tuple[str, str]
     report = tmp_dir / f"{path.stem}.xml"
     env = dict(os.environ, FL_TEST_ISOLATED_CHILD="1")
     proc = subprocess.run(
-        [sys.executable, "-m", "pytest", str(path), "-q", "-p", "no:cacheprovider",
-         f"--junitxml={report}"],
+        [sys.executable, "-m", "pytest", str(path), "-q", "-p", "no:cacheprovider", "-n", "0",
+         f"--junitxml={report}"],  # in this one process: no workers of its own
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800,
     )
     outcomes: dict[str, tuple[str, str]] = {}
@@ -173,12 +174,30 @@ def _full_only(item) -> bool:
         rel == path or rel.startswith(path + "/") for path in FULL_ONLY)
 
 
+def _named(config) -> list:
+    """The folders and modules the command line names below ``tests/`` (``tests`` itself and no
+    argument name none: the tier decides there)."""
+    found = []
+    for arg in config.args:
+        path = Path(config.invocation_params.dir, arg.split("::")[0]).resolve()
+        if path not in (ROOT, ROOT / "tests") and path.is_relative_to(ROOT / "tests"):
+            found.append(path)
+    return found
+
+
 def pytest_collection_modifyitems(config, items):
+    # the quick tier leaves out what only the full suite runs, unless the command line names it
+    # (``python -m pytest tests/distributed``); an isolated module's child follows its parent's tier
+    named = [] if IN_CHILD else _named(config)
     if not _full(config):
-        quick = [item for item in items if not _full_only(item)]
-        if len(quick) < len(items):
-            config.hook.pytest_deselected(items=[item for item in items if _full_only(item)])
-            items[:] = quick
+        def kept(item) -> bool:
+            path = Path(str(item.fspath)).resolve()
+            return not _full_only(item) or any(path == n or path.is_relative_to(n) for n in named)
+
+        dropped = [item for item in items if not kept(item)]
+        if dropped:
+            config.hook.pytest_deselected(items=dropped)
+            items[:] = [item for item in items if kept(item)]
     _torch_feature_skips(items)
     # In the parent, an isolated test's fixtures are not set up either: they may do what cannot
     # be undone (the child sets them up for real).

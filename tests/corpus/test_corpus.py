@@ -78,13 +78,14 @@ def losses(output: str) -> list:
 
 @pytest.fixture(scope="module")
 def runs(request):
-    """Every run the selected tests need (all scripts, unless ``-k`` picks some), two at a time
-    (the machine has two cores)."""
+    """Every run the selected tests need (every script in every mode, unless ``-k`` or
+    ``--deselect`` leave some out), two at a time (the machine has two cores)."""
     reference = "plain" if _native_cuda() else "twin"
-    selected = {item.callspec.params["script"] for item in request.session.items
+    selected = {(item.callspec.params["mode"], item.callspec.params["script"]) for item in request.session.items
                 if item.module is request.module and "script" in getattr(getattr(item, "callspec", None), "params", {})
                 and item.get_closest_marker("skip") is None}
-    jobs = [(m, s) for s in SCRIPTS if s in selected for m in (reference, *MODES)]
+    scripts = sorted({s for _, s in selected})
+    jobs = [(reference, s) for s in scripts] + sorted(selected)
     with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
         results = dict(zip(jobs, pool.map(lambda job: _run(*job), jobs)))
     return reference, results
