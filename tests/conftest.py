@@ -41,6 +41,7 @@ FULL_ONLY = {
     "k8s/test_k8s_labels.py": "the labelling command as a program",
     "profiles/test_profile_models.py": "transformers models under the launcher",
     "profiles/test_fallback_budget.py": "programs under the launcher",
+    "profiles/test_profile_queries.py": "a fresh interpreter per profile",
     "routing/test_ops_cli.py": "the ops command as a program",
     "routing/test_real_models.py": "transformers models on every route",
     "hardening/test_children.py": "children of activated programs",

@@ -129,7 +129,8 @@ _DECLARED = (
     Variable("FL_SIM_NATIVE_OPS", _text, None,
              "the operators `sim` runs natively: names, categories, or a file `ops --export` wrote"),
     Variable("FL_SIM_PROFILE", _text, None,
-             "make `sim` answer as a chip: `ascend`, `cambricon` or `mthreads` (its operator table and traits)"),
+             "make `sim` answer as a chip: `ascend`, `cambricon` or `mthreads` (its operator table and traits), "
+             "or one model of it, e.g. `ascend:910a`"),
     Variable("FL_SIM_DEVICE_MEMORY", _device_memory, None,
              "memory per `sim` device, e.g. `64GiB` (default: the profile's chip, else 16 GiB)"),
     Variable("FL_FALLBACK_BUDGET", _text, None,
@@ -161,6 +162,8 @@ _DECLARED = (
              "with `TORCH_DEVICE_BACKEND_AUTOLOAD=0` when one failed", internal=True),
     Variable("FL_VISIBLE_DEVICES_TRANSLATED", _text, None,
              "vendor mask variables set from `CUDA_VISIBLE_DEVICES` (`NAME=VALUE;...`)", internal=True),
+    Variable("FL_ENVIRONMENT_TRANSLATED", _text, None,
+             "the chip's variables set from NVIDIA's (`NAME=VALUE;...`, data/cuda_environment.json)", internal=True),
 )
 VARIABLES: Dict[str, Variable] = {v.name: v for v in _DECLARED}
 

@@ -37,7 +37,6 @@ NEEDS = {"ddp_snapshot": (), "ddp_dcp": (), "mp_spawn_ddp": (), "accelerate_torc
          "accelerator_gate": ("accelerator", "device_mesh", "fsdp2")}
 #: job names that are not a client's name
 JOB_CLIENTS = {"ddp": "ddp_snapshot"}
-SIM_MODES = ("sim", "agents")
 
 
 def client_marks(client: str, backend: str) -> list:
@@ -63,7 +62,7 @@ def runnable(client: str, backend: str) -> bool:
 
 def _job_runnable(name: str) -> bool:
     job, _, mode = name.partition(".")
-    return runnable(JOB_CLIENTS.get(job, job), "sim" if mode in SIM_MODES else "cpu")
+    return runnable(JOB_CLIENTS.get(job, job), "cpu" if mode in ("ref", "cpu") else "sim")
 
 
 def _env(extra=None) -> dict:
@@ -158,6 +157,10 @@ def _jobs(root: Path) -> dict:
                     env={"FL_BACKEND": "sim"})), folder)
             else:
                 jobs[f"{name}.{mode}"] = ((lambda argv=argv, mode=mode: _launched(mode, argv)), folder)
+    folder = out("ddp_dcp.ascend910a")  # a sim profile: the chip's collective ("hccl") and device ("npu")
+    argv = _torchrun(str(CLIENTS / "ddp_dcp.py"), str(folder / "ckpt"), str(folder))
+    jobs["ddp_dcp.ascend910a"] = ((lambda argv=argv: _run(
+        [sys.executable, "-m", "flagos_torchfl", "run", "--profile", "ascend:910a", "--", *argv])), folder)
     spawn = str(CLIENTS / "mp_spawn_ddp.py")
     for mode in ("ref", "cpu", "sim"):
         folder = out(f"mp_spawn_ddp.{mode}")
@@ -246,6 +249,22 @@ def test_ddp_snapshot_resumes_from_the_snapshot(runs, backend):
     proc, _ = runs[f"ddp.{backend}"]
     assert "Resuming training from snapshot at Epoch 2" in proc.stdout
     assert sorted(records(runs, f"ddp.{backend}", "ddp_snapshot")[0]["losses"]) == ["2", "3"]
+
+
+@pytest.mark.parametrize("backend", BACKENDS["ddp_dcp"])
+def test_the_nccl_if_available_idiom_picks_the_chip_s_collective(runs, backend):
+    """``"nccl" if dist.is_nccl_available() else "gloo"``: "nccl", served by the chip's library
+    (on sim its own; on cpu gloo, torch's answer for CPU tensors)."""
+    got = records(runs, f"ddp_dcp.{backend}", "ddp_dcp")
+    assert [got[r]["backend"] for r in (0, 1)] == [{"cpu": "gloo", "sim": "simccl"}[backend]] * 2
+
+
+@pytest.mark.needs_sim
+def test_ddp_with_the_idiom_trains_on_the_ascend_910a_profile(runs):
+    got = records(runs, "ddp_dcp.ascend910a", "ddp_dcp")
+    assert_trained_like(got, records(runs, "ddp_dcp.ref", "ddp_dcp"), exact=False, what="ddp_dcp on ascend:910a")
+    assert [(got[r]["device"], got[r]["backend"]) for r in (0, 1)] == [("npu:0", "hccl"), ("npu:1", "hccl")]
+    assert all(got[r]["loaded_equals_saved"] for r in (0, 1))
 
 
 @pytest.mark.parametrize("backend", BACKENDS["ddp_dcp"])

@@ -18,7 +18,10 @@ def ascend():
     for name in list(os.environ):
         if name.startswith("FL_") or name in ("CUDA_VISIBLE_DEVICES", "LOCAL_WORLD_SIZE"):
             del os.environ[name]
-    os.environ.update(FL_SIM_PROFILE="ascend", ASCEND_RT_VISIBLE_DEVICES="0,1", FL_SIM_DEVICE_MEMORY="256MiB")
+    for name in [n for n in os.environ if n.startswith(("HCCL_", "TORCH_HCCL_", "NCCL_", "TORCH_NCCL_"))]:
+        del os.environ[name]
+    os.environ.update(FL_SIM_PROFILE="ascend", ASCEND_RT_VISIBLE_DEVICES="0,1", FL_SIM_DEVICE_MEMORY="256MiB",
+                      NCCL_SOCKET_IFNAME="lo", CUDA_LAUNCH_BLOCKING="1", TORCH_NCCL_BLOCKING_WAIT="1")
     import flagos_torchfl as ft
 
     selection = ft.init_backend("sim")
@@ -33,8 +36,27 @@ def test_the_device_is_named_npu_and_answers_with_the_chips_traits(ascend):
     assert torch._C._get_privateuse1_backend_name() == "npu" and torch.npu is sim_module
     assert torch.cuda.device_count() == 2 == torch.npu.device_count()  # ASCEND_RT_VISIBLE_DEVICES=0,1
     assert torch.cuda.get_device_properties(0).total_memory == MEMORY
-    assert torch.cuda.get_device_name(0) == "Ascend 910B (flagos sim)" == torch.npu.get_device_name(1)
+    assert torch.cuda.get_device_name(0) == "Ascend910B1 (flagos sim)" == torch.npu.get_device_name(1)
     assert ascend.collective == "hccl"
+
+
+def test_the_questions_cuda_code_asks_get_the_910b_s_answers(ascend):
+    import torch.distributed as dist
+
+    assert dist.is_nccl_available() and dist.is_backend_available("nccl")  # "nccl" is served by hccl
+    assert torch.cuda.is_bf16_supported() and torch.cuda.get_device_capability() == (8, 0)
+    props = torch.cuda.get_device_properties(1)
+    assert (props.major, props.minor) == (8, 0) and props.total_memory == MEMORY
+    assert torch.cuda.is_tf32_supported() is False  # Ascend's is HF32
+    assert torch.cuda.get_arch_list() == [] and torch.cuda.get_gencode_flags() == ""
+    assert torch.cuda.nccl.version() == (0, 0, 0)
+    assert torch.cuda.nccl.is_available([torch.ones(1, device="cuda")])
+    assert not torch.cuda.nccl.is_available([torch.ones(1)])
+
+
+def test_nvidia_s_variables_reach_the_chip_s_own(ascend):
+    assert os.environ["HCCL_SOCKET_IFNAME"] == "lo" and os.environ["ASCEND_LAUNCH_BLOCKING"] == "1"
+    assert os.environ["TORCH_HCCL_BLOCKING_WAIT"] == "1"
 
 
 def test_cuda_code_and_npu_code_run_on_the_simulated_npu(ascend):

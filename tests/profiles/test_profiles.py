@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from flagos_torchfl.aten import dispatcher
-from flagos_torchfl.backends import get_backend, op_tables
+from flagos_torchfl.backends import chip_models, get_backend, op_tables
 from flagos_torchfl.backends.profile import ProfileBackend, known_table_ops, native_set, profile_backend, profiles
 from flagos_torchfl.errors import ConfigError
 from flagos_torchfl.routing import budget, plan
@@ -29,6 +29,41 @@ def env(monkeypatch):
     return monkeypatch
 
 
+def test_a_model_brings_its_traits_and_the_chip_alone_is_its_default_model():
+    default, old = profile_backend("ascend"), profile_backend("ascend:910a")
+    assert default.model is chip_models.default_model("ascend") and default.model.name == "910b"
+    assert profile_backend("ascend:910b").model == default.model
+    assert (old.model.device_name, old.model.memory, old.model.bfloat16) == ("Ascend910A", 32 << 30, False)
+    assert old.probe().devices[0].name == "Ascend910A (flagos sim)" and old.probe().devices[0].total_memory == 32 << 30
+    assert old.supports_bfloat16() is False and default.supports_bfloat16() is True
+    assert old.chip is default.chip and native_set("ascend:910a") == native_set("ascend")  # one table per chip
+    assert old.cuda_capability(old.supports_bfloat16()) == (7, 0)
+    assert default.cuda_capability(default.supports_bfloat16()) == (8, 0)
+    for chip, found in chip_models.all_models().items():
+        assert chip in CHIPS and found[0] is chip_models.default_model(chip)
+        for model in found:
+            assert set(model.sources) == {"device_name", "memory_gib", "bfloat16", "tf32"}, model.spec
+
+
+@pytest.mark.parametrize("spec, message", [
+    ("ascend:91a", r"FL_SIM_PROFILE: '91a' is not a model of ascend\. Did you mean '910a'\? Valid: ascend:910a, ascend:910b"),
+    ("ascned:910a", r"FL_SIM_PROFILE 'ascned:910a' is not a sim profile\. Did you mean 'ascend'\?"),
+    ("cambricon:mlu590", r"'mlu590' is not a model of cambricon\. .*Valid: cambricon:mlu370-x8"),
+])
+def test_an_unknown_model_names_the_closest_and_the_valid_ones(env, spec, message):
+    env.setenv("FL_SIM_PROFILE", spec)
+    with pytest.raises(ConfigError, match=message):
+        build_selection("sim", {})
+
+
+def test_a_model_selected_in_the_environment_is_the_selection_s_chip(env):
+    env.setenv("FL_SIM_PROFILE", "ascend:910a")
+    selection = build_selection("sim", {})
+    assert selection.chip is profile_backend("ascend:910a") and selection.chip.model.name == "910a"
+    assert selection.probe.devices[0].name == "Ascend910A (flagos sim)"
+    assert selection.options["native_ops"] == native_set("ascend")
+
+
 @pytest.mark.parametrize("name", CHIPS)
 def test_each_profile_loads_with_the_chips_own_answers(name):
     chip, profile = get_backend(name), profile_backend(name)
@@ -45,7 +80,7 @@ def test_each_profile_loads_with_the_chips_own_answers(name):
     else:  # another release may lack some (torch 2.14 removed aten::cholesky): not native then
         assert not native & set(missing)
     assert len(native) > 700
-    assert profile.probe().devices[0].total_memory == chip.profile_memory
+    assert profile.probe().devices[0].total_memory == profile.model.memory == chip_models.default_model(name).memory
 
 
 def test_chips_without_float64_get_a_float64_gap_on_compute_but_not_on_copies():
@@ -77,7 +112,7 @@ def test_selection_takes_the_profile_and_the_chips_visible_devices_variable(env)
     assert selection.chip is profile_backend("ascend") and selection.backend == "sim"
     assert (selection.device_type, selection.collective, selection.low_precision_dtype) == ("npu", "hccl", "float16")
     assert selection.devices == (0, 1)
-    assert selection.probe.devices[0].name == "Ascend 910B (flagos sim)"
+    assert selection.probe.devices[0].name == "Ascend910B1 (flagos sim)"
     assert selection.options["native_ops"] == native_set("ascend")
     import os
 

@@ -27,7 +27,8 @@ def test_device_queries(cpu_backend):
     name = cuda.get_device_name()
     props = cuda.get_device_properties(0)
     assert props.name == name == cuda.get_device_name(0) and props.total_memory > 0
-    assert cuda.get_device_capability() == (0, 0) and cuda.is_bf16_supported() is True
+    assert cuda.get_device_capability() == (8, 0) and cuda.is_bf16_supported() is True  # the host computes bfloat16
+    assert (props.major, props.minor) == (8, 0)
     cuda.synchronize()
     cuda.synchronize(0)
     cuda.init()

@@ -26,8 +26,6 @@ class AscendBackend(Backend):
     query_tool = ("npu-smi", "info")
     driver_pattern = r"Version:\s*([\w.\-]+)"
     visible_devices_env = "ASCEND_RT_VISIBLE_DEVICES"
-    profile_device_name = "Ascend 910B"
-    profile_memory = 64 << 30
     # the device module's own names for CUDA graphs, pluggable allocators, ranges, the runtime API
     cuda_counterparts = MappingProxyType({"CUDAGraph": "NPUGraph", "CUDAPluggableAllocator": "NPUPluggableAllocator",
                                           "nvtx": "mstx", "cudart": "npurt"})

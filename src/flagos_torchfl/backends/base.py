@@ -16,6 +16,7 @@ from typing import Any, Callable, FrozenSet, List, Mapping, Optional, Tuple
 
 from .. import autoload
 from ..log import get_logger
+from . import environment as _environment
 from . import memory as _memory
 from . import probe as _probe
 from . import visible as _visible
@@ -121,10 +122,9 @@ class Backend:
     kernel_libraries: Tuple[str, ...] = ()
     #: the ``torch.profiler.ProfilerActivity`` that records this chip's work (None: host only)
     profiler_activity: Optional[str] = None
-    #: the chip's common part and its memory per device in bytes, for sim profiles
-    #: (``FL_SIM_PROFILE``): documented defaults, not read from the vendor's packages
-    profile_device_name: Optional[str] = None
-    profile_memory: Optional[int] = None
+    #: whether the chip computes TF32 (``torch.cuda.is_tf32_supported()`` where its device
+    #: module has no answer of its own)
+    supports_tf32: bool = False
     #: the extended resources the chip's Kubernetes device plugins advertise, the usual one first
     #: (``k8s job`` requests it unless told another); empty: no device plugin, the pods request
     #: no device
@@ -310,6 +310,21 @@ class Backend:
 
         return getattr(torch, self.device_type)
 
+    def cuda_capability(self, bfloat16: bool) -> Tuple[int, int]:
+        """The compute capability ``torch.cuda`` reports for this chip (off NVIDIA): the lowest
+        CUDA capability whose features the chip serves, so that code gated on it takes a path
+        the chip runs — (8, 0), Ampere's, where the chip computes bfloat16 (torch itself decides
+        bfloat16 support on CUDA from ``major >= 8``), else (7, 0), Volta's: float16 tensor
+        cores, no bfloat16. Never (0, 0), which gates on every feature would read as a GPU
+        older than any that runs torch."""
+        return (8, 0) if bfloat16 else (7, 0)
+
+    def cuda_environment(self) -> Tuple[_environment.Counterpart, ...]:
+        """The chip's counterparts of the environment variables written for NVIDIA
+        (``data/cuda_environment.json``: ``NCCL_SOCKET_IFNAME`` -> ``HCCL_SOCKET_IFNAME``...),
+        applied at activation where the user has not set them."""
+        return _environment.counterparts(self.name)
+
     def device_module_table(self):
         """The public names of the chip's device module as the vendor ships it
         (:class:`~.device_modules.DeviceModuleTable`, ``data/device_modules/<name>.json``), or
@@ -360,7 +375,9 @@ class Backend:
     def activate(self, selection) -> Optional[Any]:
         """Prepare the runtime for ``selection``; return an undo callable or None. Warns once
         when the vendor plugin's version is outside the tested ones."""
-        undo_mask = _visible.translate(self.visible_devices_env if self.plugin_found() else None)
+        # the chip's variables (device mask, NVIDIA's counterparts) before its runtime reads them
+        undo_environ = _chain(_visible.translate(self.visible_devices_env if self.plugin_found() else None),
+                              _environment.translate(self.cuda_environment()))
         try:
             if self.plugin_module:
                 self._import_plugin()
@@ -369,10 +386,10 @@ class Backend:
                 check_plugin(self.plugin_module, self.plugin_version(), self.tested_plugin_versions)
             undo_start = self.start(selection)
         except BaseException:
-            if undo_mask is not None:
-                undo_mask()
+            if undo_environ is not None:
+                undo_environ()
             raise
-        return _chain(undo_start, undo_mask)
+        return _chain(undo_start, undo_environ)
 
     def _import_plugin(self) -> None:
         """Import the vendor plugin if no probe of this process has (a child reusing its

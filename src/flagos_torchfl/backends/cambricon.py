@@ -26,8 +26,6 @@ class CambriconBackend(Backend):
     query_tool = ("cnmon", "version")
     driver_pattern = r"[Dd]river\s*[:=]?\s*v?(\d[\w.\-]*)"
     visible_devices_env = "MLU_VISIBLE_DEVICES"
-    profile_device_name = "MLU370-X8"
-    profile_memory = 48 << 30
     # the device module's own names for CUDA graphs, pluggable allocators, ranges, the runtime API
     cuda_counterparts = MappingProxyType({"CUDAGraph": "MLUGraph", "CUDAPluggableAllocator": "MLUPluggableAllocator",
                                           "nvtx": "cnpx", "cudart": "cnrt"})

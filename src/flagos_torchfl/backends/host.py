@@ -24,9 +24,10 @@ stream_state = threading.local()
 
 @dataclasses.dataclass(frozen=True)
 class DeviceProperties:
-    """``torch.cuda.get_device_properties`` where the backend has none: no compute
-    capability (major=minor=0, so capability-gated CUDA kernels stay off), no GPU architecture
-    (``gcnArchName`` empty: torch's inductor reads it to key its cache)."""
+    """``torch.cuda.get_device_properties`` where the backend has none: ``major`` / ``minor``
+    as the facade's ``get_device_capability()`` answers (the fields' defaults are a device
+    without one), no GPU architecture (``gcnArchName`` empty: torch's inductor reads it to key
+    its cache)."""
 
     name: str
     total_memory: int
@@ -228,13 +229,9 @@ class HostRuntime:
         return cpu_name()
 
     def get_device_properties(self, index: Any = None) -> DeviceProperties:
-        """The host's name, memory and core count, and no compute capability."""
+        """The host's name, memory and core count."""
         return DeviceProperties(name=cpu_name(), total_memory=host_memory() or host_memory_info()[1],
                                 multi_processor_count=os.cpu_count() or 1)
-
-    def get_device_capability(self, index: Any = None) -> Tuple[int, int]:
-        """(0, 0): no CUDA compute capability, so capability-gated code takes its portable path."""
-        return (0, 0)
 
     def is_bf16_supported(self, including_emulation: bool = True) -> bool:
         return True

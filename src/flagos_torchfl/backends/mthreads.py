@@ -23,8 +23,6 @@ class MThreadsBackend(Backend):
     query_tool = ("mthreads-gmi",)
     driver_pattern = r"Driver Version\s*:?\s*([\w.\-]+)"
     visible_devices_env = "MUSA_VISIBLE_DEVICES"
-    profile_device_name = "MTT S4000"
-    profile_memory = 48 << 30
     # the device module's own names for CUDA graphs, pluggable allocators, ranges, the runtime API
     cuda_counterparts = MappingProxyType({"CUDAGraph": "MUSAGraph", "CUDAPluggableAllocator": "MUSAPluggableAllocator",
                                           "cudart": "musart"})

@@ -1,5 +1,6 @@
 """Sim profiles: the sim runtime answering as one chip (``FL_BACKEND=sim FL_SIM_PROFILE=ascend``,
-or ``run --profile ascend``).
+or ``run --profile ascend``), and as one model of it (``ascend:910a``; the chip alone is its
+default model, :mod:`.chip_models`).
 
 A profile is a :class:`ProfileBackend`: a sim backend whose answers are the chip's. Its native
 operator set is the vendor's published table (``data/chips/<chip>.json``, :mod:`.op_tables`), and
@@ -17,7 +18,7 @@ common part's name and memory per device. Only the runtime is the sim's.
 - Devices: ``<visible-devices variable>`` (e.g. ``ASCEND_RT_VISIBLE_DEVICES=0,1``, or
   ``CUDA_VISIBLE_DEVICES`` copied to it as on the chip) gives the visible ones, else
   ``FL_SIM_DEVICES`` / ``LOCAL_WORLD_SIZE`` / 1. Memory per device: ``FL_SIM_DEVICE_MEMORY``, else
-  the chip's ``profile_memory``; the sim enforces it (``torch.OutOfMemoryError``).
+  the model's; the sim enforces it (``torch.OutOfMemoryError``).
 """
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ from typing import Dict, FrozenSet, List, Mapping, Optional, Tuple
 
 from .. import variables
 from ..errors import ConfigError, suggestion
-from . import op_tables
+from . import chip_models, op_tables
 from . import visible as _visible
 from .base import Backend, DeviceInfo, ProbeResult
 from .cpu import logical_device_count
@@ -49,13 +50,22 @@ def profiles() -> List[str]:
 
 
 def check_profile(name: str, source: str = "FL_SIM_PROFILE") -> str:
-    """``name`` if it names a profile; ConfigError naming ``source``, the closest and the valid
-    profiles otherwise."""
+    """``name`` if it names a profile — a chip (``ascend``) or one of its models
+    (``ascend:910a``); ConfigError naming ``source``, the closest and the valid choices
+    otherwise."""
+    chip, _, model = name.partition(":")
     valid = profiles()
-    if name not in valid:
-        raise ConfigError(f"{source} {name!r} is not a sim profile.{suggestion(name, valid)} "
-                          f"Valid: {', '.join(valid)}")
+    if chip not in valid:
+        raise ConfigError(f"{source} {name!r} is not a sim profile.{suggestion(chip, valid)} "
+                          f"Valid: {', '.join(valid)} (or CHIP:MODEL: {', '.join(model_specs())})")
+    if model:
+        chip_models.model(chip, model, source)
     return name
+
+
+def model_specs() -> List[str]:
+    """``chip:model`` for every model of every profile's chip."""
+    return [m.spec for chip in profiles() for m in chip_models.all_models().get(chip, ())]
 
 
 def rename_problem(device_type: str) -> Optional[str]:
@@ -81,21 +91,23 @@ def known_table_ops(chip: str) -> Tuple[FrozenSet[str], Tuple[str, ...]]:
     return frozenset(known), tuple(sorted(missing))
 
 
-def native_set(chip: str) -> FrozenSet[str]:
-    """The overloads the sim runs natively under ``chip``'s profile: the table's, less those the
-    sim cannot give a kernel (CompositeImplicitAutograd ones decompose on every backend), plus
-    the runtime primitives every device runtime has."""
+def native_set(profile: str) -> FrozenSet[str]:
+    """The overloads the sim runs natively under ``profile`` (a chip, or ``chip:model``: every
+    model of a chip has its table): the table's, less those the sim cannot give a kernel
+    (CompositeImplicitAutograd ones decompose on every backend), plus the runtime primitives
+    every device runtime has."""
     from ..sim.native_ops import can_run_natively, runtime_primitive_names
 
-    known, _ = known_table_ops(chip)
+    known, _ = known_table_ops(profile.partition(":")[0])
     return frozenset(n for n in known if can_run_natively(n)) | runtime_primitive_names()
 
 
 class ProfileBackend(SimBackend):
-    """The sim runtime with ``chip``'s answers (see the module docstring)."""
+    """The sim runtime with ``chip``'s answers, as its ``model`` (see the module docstring)."""
 
-    def __init__(self, chip: Backend):
+    def __init__(self, chip: Backend, model: chip_models.ChipModel):
         self.chip = chip
+        self.model = model
         self.profile = chip.name
         self.table = op_tables.load(chip.name)
         self.name = f"sim-{chip.name}"
@@ -109,11 +121,16 @@ class ProfileBackend(SimBackend):
         self.visible_devices_env = chip.visible_devices_env
         self.kernel_libraries = chip.kernel_libraries
         self.cuda_counterparts = chip.cuda_counterparts
+        self.supports_tf32 = model.tf32
         self.dtype_gaps = self._dtype_gaps()
 
     def device_module_table(self):
         """The chip's device-module table: ``torch.cuda`` answers as the chip's module would."""
         return self.chip.device_module_table()
+
+    def cuda_environment(self):
+        """The chip's: a program on the profile sees the variables its chip's runtime reads."""
+        return self.chip.cuda_environment()
 
     def _dtype_gaps(self) -> Mapping[str, Tuple[str, ...]]:
         gaps: Dict[str, Tuple[str, ...]] = dict(self.chip.dtype_gaps)
@@ -150,14 +167,13 @@ class ProfileBackend(SimBackend):
         try:
             with _visible.translated(self.visible_devices_env):
                 count = self.visible_devices()
-            memory = variables.read("FL_SIM_DEVICE_MEMORY") or self.chip.profile_memory
+            memory = variables.read("FL_SIM_DEVICE_MEMORY") or self.model.memory
         except ConfigError as exc:
             return ProbeResult(backend=self.name, status="unavailable", reason=str(exc))
         if count == 0:
             return ProbeResult(backend=self.name, status="unavailable",
                                reason=f"0 devices visible ({self.visible_devices_env} is empty)")
-        part = self.chip.profile_device_name or self.chip.name
-        result.devices = [DeviceInfo(i, f"{part} (flagos sim)", memory) for i in range(count)]
+        result.devices = [DeviceInfo(i, f"{self.model.device_name} (flagos sim)", memory) for i in range(count)]
         result.notes.extend(self.notes())
         if count_ops:
             result.native_ops = len(native_set(self.profile))
@@ -168,14 +184,18 @@ class ProfileBackend(SimBackend):
         source = self.table.source
         origin = source.get("package") or source.get("repository")
         version = source.get("version") or source.get("ref")
-        notes = [f"profile of {self.profile}: operator table of {origin} {version}"]
+        notes = [f"profile of {self.profile}, model {self.model.name}: operator table of {origin} {version}"]
         if self.rename_problem:
             notes.append(f"device type stays 'sim', not {self.chip.device_type!r}: {self.rename_problem}")
         return notes
 
     def device_memory(self, options: Mapping[str, object]) -> Optional[int]:
-        """Bytes per device the sim enforces: ``FL_SIM_DEVICE_MEMORY``, else the chip's."""
-        return options.get("device_memory") or self.chip.profile_memory
+        """Bytes per device the sim enforces: ``FL_SIM_DEVICE_MEMORY``, else the model's."""
+        return options.get("device_memory") or self.model.memory
+
+    def supports_bfloat16(self) -> bool:
+        """The model's: its plugin's ``is_bf16_supported()`` on it."""
+        return self.model.bfloat16
 
     def start(self, selection):
         if self.rename_problem:
@@ -187,13 +207,16 @@ class ProfileBackend(SimBackend):
         return super().start(selection)
 
     def describe(self) -> dict:
-        return {**super().describe(), "profile": self.profile, "table": dict(self.table.source),
-                "rename_problem": self.rename_problem}
+        return {**super().describe(), "profile": self.profile, "model": self.model.name,
+                "table": dict(self.table.source), "rename_problem": self.rename_problem}
 
 
 @functools.lru_cache(maxsize=None)
 def profile_backend(name: str) -> ProfileBackend:
-    """The profile of chip ``name`` (one instance per chip and process)."""
+    """The profile ``name`` names: a chip (its default model) or ``chip:model`` (one instance
+    per name and process)."""
     from .registry import registry
 
-    return ProfileBackend(registry().get(check_profile(name)))
+    chip, _, model = check_profile(name).partition(":")
+    found = chip_models.model(chip, model) if model else chip_models.default_model(chip)
+    return ProfileBackend(registry().get(chip), found)

@@ -68,7 +68,7 @@ class SimBackend(Backend):
         if profile is not None:
             from .profile import check_profile, native_set
 
-            profile = check_profile(profile.strip().lower())
+            profile = check_profile(profile.strip().lower())  # a chip, or chip:model
             if spec is not None:
                 raise ConfigError("FL_SIM_NATIVE_OPS and FL_SIM_PROFILE are both set: a profile brings "
                                   "its chip's native set; unset one (FL_OP_ROUTE adjusts single operators)")
@@ -92,6 +92,11 @@ class SimBackend(Backend):
         """Bytes per device the sim enforces when no memory limit is set (None: the sim's
         nominal 16 GiB)."""
         return options.get("device_memory")
+
+    def supports_bfloat16(self) -> bool:
+        """Whether the simulated chip computes bfloat16 (its ``is_bf16_supported()``): the plain
+        sim does; a profile answers as its chip model."""
+        return True
 
     def observe_native_calls(self, observer):
         """The sim times every native kernel call on the host."""
@@ -142,7 +147,7 @@ class SimBackend(Backend):
             sim.set_memory_limit(limit)
         name = selection.probe.devices[0].name if selection.probe is not None else None
         sim.install(num_devices=count, native_ops=selection.options["native_ops"], memory_limit=limit,
-                    device_type=self.device_type, device_name=name)
+                    device_type=self.device_type, device_name=name, bfloat16=self.supports_bfloat16())
         self.start_collectives()
         return None
 

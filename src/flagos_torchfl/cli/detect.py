@@ -45,6 +45,7 @@ def collect() -> dict:
 def sim_profiles() -> list:
     """One row per sim profile (``FL_SIM_PROFILE``): the chip's table and the traits it brings,
     and whether the simulated device can take the chip's device type name in this process."""
+    from ..backends import chip_models
     from ..backends.profile import native_set, profile_backend, profiles
 
     rows = []
@@ -58,7 +59,8 @@ def sim_profiles() -> list:
             "chip_device_type": backend.chip.device_type, "rename_problem": backend.rename_problem,
             "collective": backend.collective, "low_precision_dtype": backend.low_precision_dtype,
             "float64": "native" if backend.supports_float64 else "routed",
-            "memory": backend.chip.profile_memory, "visible_devices_env": backend.visible_devices_env,
+            "memory": backend.model.memory, "visible_devices_env": backend.visible_devices_env,
+            "models": [m.spec for m in chip_models.all_models().get(name, ())],
         })
     return rows
 
@@ -151,7 +153,8 @@ def _render_profiles(rows: list) -> list:
     widths = [max(len(r[i]) for r in table) for i in range(len(table[0]))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in table]
     lines.append("SIM PROFILE: `run --profile NAME` (or FL_BACKEND=sim FL_SIM_PROFILE=NAME) runs a program on the "
-                 "sim answering as that chip")
+                 "sim answering as that chip (as its first model); NAME:MODEL as another model")
+    lines += [f"  {r['profile']} models: {', '.join(r['models'])}" for r in rows if r["models"]]
     lines += [f"  {r['profile']}: the device stays 'sim': {r['rename_problem']}" for r in rows if r["rename_problem"]]
     return lines
 

@@ -45,6 +45,8 @@ def report() -> str:
     for module in plugins + ["flag_gems", "transformers"]:
         lines.append(f"- {module} version: {distribution_version(module)}")
     lines.append("- Environment: " + (", ".join(environment(os.environ)) or "none set"))
+    lines.append("- NVIDIA's variables as each chip reads them (applied at its activation): "
+                 + ("; ".join(cuda_environment(os.environ)) or "none with a counterpart set"))
     data = detect.collect()
     lines.append("- Backends:")
     for row in data["backends"]:
@@ -69,6 +71,23 @@ def environment(environ: Mapping[str, str]) -> List[str]:
             shown.append(f"{name} (not a flagos_torchfl variable.{suggestion(name, variables.VARIABLES)} "
                          "Value not shown)")
     return shown
+
+
+def cuda_environment(environ: Mapping[str, str]) -> List[str]:
+    """Per chip with a table (``Backend.cuda_environment``), what activating it would set:
+    ``ascend: NCCL_SOCKET_IFNAME=lo -> HCCL_SOCKET_IFNAME=lo``; a value the chip's variable
+    cannot take is shown as not translated."""
+    from ..backends import environment as translation
+
+    found = []
+    for backend in registry().backends():
+        rules = backend.cuda_environment()
+        moves = [f"{name}={environ[name]} -> {rule.target}={value}" if value is not None
+                 else f"{name}={environ[name]} not translated ({rule.target} takes no such value)"
+                 for rule, name, value in translation.planned(rules, dict(environ))]
+        if moves:
+            found.append(f"{backend.name}: {', '.join(moves)}")
+    return found
 
 
 def run(args) -> int:

@@ -23,7 +23,7 @@ A command's exit code is its own. Every Python child activates when it imports t
 exit with 2, an activation failure with 1, a command that cannot be started with 126, a run
 over its ``FL_FALLBACK_BUDGET`` with 3.
 
-``--profile CHIP`` runs on the sim answering as that chip (``FL_SIM_PROFILE``); ``--report``
+``--profile CHIP[:MODEL]`` runs on the sim answering as that chip (``FL_SIM_PROFILE``); ``--report``
 prints, at exit, the routing report ending with the verdict, ``--json`` the verdict as JSON.
 """
 from __future__ import annotations
@@ -90,9 +90,9 @@ def add_parser(sub) -> None:
                    help="use N devices: cpu and sim present N logical devices, other backends use "
                         "their first N (sets FL_DEVICES for the program and its children)")
     p.add_argument("--log-level", metavar="LEVEL", help=f"FL_LOG_LEVEL for the program: {', '.join(LEVELS)}")
-    p.add_argument("--profile", metavar="CHIP",
-                   help="run on the sim answering as CHIP (ascend, cambricon, mthreads): its operator "
-                        "table and traits (FL_SIM_PROFILE)")
+    p.add_argument("--profile", metavar="CHIP[:MODEL]",
+                   help="run on the sim answering as CHIP (ascend, cambricon, mthreads), or one model of "
+                        "it (ascend:910a): its operator table and traits (FL_SIM_PROFILE)")
     p.add_argument("--report", action="store_true",
                    help="print the routing report and the verdict when the program exits")
     p.add_argument("--json", action="store_true", help="print the verdict as JSON when the program exits")

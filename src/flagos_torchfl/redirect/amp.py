@@ -11,6 +11,7 @@ import warnings
 import torch
 
 from .. import compat
+from ..errors import UnsupportedFeatureError
 from .devices import Target
 from .patches import Patcher, patch_function
 
@@ -28,6 +29,13 @@ def patch_autocast(target: Target, patcher: Patcher) -> None:
             device_type = target.device_type
             if dtype is None:
                 dtype = low
+            elif enabled and dtype == torch.bfloat16 and not target.computes_bfloat16():
+                chip = target.device_names[0] if target.device_names else target.backend
+                raise UnsupportedFeatureError(
+                    f"torch.autocast('cuda', dtype=torch.bfloat16): {chip} (backend {target.backend!r}) "
+                    f"does not compute bfloat16 (torch.{target.device_type}.is_bf16_supported() is False); "
+                    "use dtype=torch.float16 with a GradScaler, or choose the dtype with "
+                    "torch.cuda.is_bf16_supported()")
             elif enabled and not compat.autocast_takes(device_type, dtype):
                 warnings.warn(
                     f"torch.autocast('cuda', dtype={dtype}) runs on {device_type}, whose autocast in "

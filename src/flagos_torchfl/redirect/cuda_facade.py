@@ -54,7 +54,8 @@ def _legacy_type(name: str, dtype: torch.dtype, target: Target) -> type:
 
 
 class CudaFields:
-    """A chip's device properties read through ``torch.cuda``: the chip's own attributes, and for
+    """A chip's device properties read through ``torch.cuda``: the chip's own attributes, with
+    ``major`` / ``minor`` the capability ``torch.cuda.get_device_capability()`` reports, and for
     the fields of CUDA's properties it lacks, :class:`DeviceProperties`' defaults. torch itself
     reads them there (Inductor keys its cache on ``torch.cuda.get_device_properties().gcnArchName``
     when ``torch.version.cuda`` is None), so a missing field would fail ``torch.compile``."""
@@ -62,15 +63,13 @@ class CudaFields:
     _DEFAULTS = {f.name: f.default for f in dataclasses.fields(DeviceProperties)
                  if f.default is not dataclasses.MISSING}
 
-    def __init__(self, props: Any):
+    def __init__(self, props: Any, capability: tuple):
         self._props = props
-
-    @classmethod
-    def over(cls, props: Any) -> Any:
-        """``props`` itself when it has every such field, else a view of it that has them."""
-        return props if all(hasattr(props, n) for n in cls._DEFAULTS) else cls(props)
+        self._capability = dict(zip(("major", "minor"), capability))
 
     def __getattr__(self, name: str) -> Any:
+        if name in self._capability:
+            return self._capability[name]
         try:
             return getattr(self._props, name)
         except AttributeError:
@@ -196,6 +195,8 @@ class CudaFacade:
             "is_initialized": lambda: True,
             "init": lambda: None,
             "is_bf16_supported": f.is_bf16_supported,
+            "is_tf32_supported": f.is_tf32_supported,
+            "get_arch_list": f.get_arch_list, "get_gencode_flags": f.get_gencode_flags,
             "is_current_stream_capturing": lambda: False,
             "ipc_collect": f.ipc_collect,
             "OutOfMemoryError": compat.out_of_memory_error(),
@@ -203,6 +204,7 @@ class CudaFacade:
             "default_generators": f.default_generators(),
             "amp": self._cuda.amp,
             "nvtx": f.nvtx_namespace(),
+            "nccl": f.nccl_namespace(),
             "memory": Namespace("torch.cuda.memory", {n: table[n] for n in memory_names},
                                 getattr(self._cuda, "memory", None), self.t),
             "random": Namespace("torch.cuda.random", {n: table[n] for n in random_names},
@@ -285,33 +287,52 @@ class CudaFacade:
         return self.t.device_names[logical]
 
     def get_device_properties(self, device: Any = None) -> Any:
-        """The backend's device properties (with CUDA's fields it lacks, :class:`CudaFields`);
-        where its module has none, the probe's name and memory and no compute capability."""
+        """The backend's device properties, with CUDA's fields it lacks and ``major`` /
+        ``minor`` as :meth:`get_device_capability` answers (:class:`CudaFields`); where its
+        module has none, the probe's name and memory. On a CUDA backend, CUDA's own."""
         logical = self.t.logical_index(device)
         getter = self._mod("get_device_properties")
+        if self.t.native:
+            return getter(self.t.physical(logical))
+        capability = self.get_device_capability(logical)
         if getter is not None:
-            return CudaFields.over(getter(self.t.physical(logical)))
+            return CudaFields(getter(self.t.physical(logical)), capability)
         memory = self.t.device_memory[logical] if logical < len(self.t.device_memory) else None
         return DeviceProperties(name=self.t.device_names[logical], total_memory=memory or 0,
-                                multi_processor_count=1)
+                                multi_processor_count=1, major=capability[0], minor=capability[1])
 
     def get_device_capability(self, device: Any = None) -> tuple:
-        """The backend's capability if it has the notion, else (0, 0): no CUDA compute
-        capability, so code gated on ``>= (8, 0)`` takes its portable path."""
-        getter = self._mod("get_device_capability")
-        if getter is not None:
-            answer = getter(self._phys(device))
-            if answer is not None:
-                return tuple(answer)
+        """Off NVIDIA, the capability whose CUDA features the chip serves
+        (``Backend.cuda_capability``): (8, 0) where it computes bfloat16, else (7, 0), so code
+        gated on ``>= (8, 0)`` (bfloat16, TF32, fused kernels, attention backends) takes the
+        path the chip runs. A vendor module's own answer is not passed on: torch_npu answers
+        None, torch_mlu its architecture's (3, x), which CUDA code reads as a Kepler GPU. On a
+        CUDA backend, CUDA's own."""
+        if self.t.native:
+            return tuple(self._mod("get_device_capability")(self._phys(device)))
         self.t.logical_index(device)
-        return (0, 0)
+        return tuple(self.t.chip.cuda_capability(self.is_bf16_supported()))
 
     def is_bf16_supported(self, including_emulation: bool = True) -> bool:
-        """The backend's answer, else whether it declares bfloat16 its low-precision dtype."""
-        check = self._mod("is_bf16_supported")
+        """Whether the chip computes bfloat16 (``Target.computes_bfloat16``)."""
+        return self.t.computes_bfloat16()
+
+    def is_tf32_supported(self) -> bool:
+        """The backend's answer (torch_musa has one), else the chip's declaration
+        (``Backend.supports_tf32``; a sim profile's chip model): False on a chip without TF32
+        (Ascend's TF32-like mode is HF32, ``torch.npu.matmul.allow_hf32``)."""
+        check = self._mod("is_tf32_supported")
         if check is not None:
             return bool(check())
-        return self.t.low_precision_dtype == torch.bfloat16
+        return bool(self.t.chip.supports_tf32)
+
+    def get_arch_list(self) -> list:
+        """The CUDA architectures this torch runs kernels for on the chip: none off NVIDIA."""
+        return []
+
+    def get_gencode_flags(self) -> str:
+        """The nvcc ``-gencode`` flags of :meth:`get_arch_list`'s architectures: none."""
+        return ""
 
     def synchronize(self, device: Any = None) -> None:
         """Wait for the backend's device (the host CPU has nothing to wait for)."""
@@ -479,6 +500,32 @@ class CudaFacade:
         """Restore every logical device's generator state, in order."""
         for logical, state in enumerate(new_states):
             self.set_rng_state(state, logical)
+
+    # -------------------------------------------------------------- nccl
+    def nccl_namespace(self) -> Namespace:
+        """``torch.cuda.nccl``: ``is_available(tensors)`` — whether the chip's collective
+        library takes them (tensors on the chip, the library registered with torch.distributed);
+        ``version()`` — NCCL's version, which off NVIDIA is none: ``(0, 0, 0)``, so gates on an
+        NCCL release stay closed (the chip's collective library is not NCCL; where its device
+        module has a counterpart, ``Backend.cuda_counterparts["nccl"]``, its version). NCCL's
+        own collectives (``all_reduce``...) raise on use, naming the backend: use
+        ``torch.distributed``, whose ``"nccl"`` means the chip's library."""
+        own = self._mod(self.t.chip.cuda_counterparts["nccl"]) if "nccl" in self.t.chip.cuda_counterparts else None
+        facade = self
+
+        def is_available(tensors: Any) -> bool:
+            import torch.distributed as dist
+
+            tensors = [tensors] if isinstance(tensors, torch.Tensor) else list(tensors)
+            on_chip = all(isinstance(x, torch.Tensor) and x.device.type == facade.t.device_type for x in tensors)
+            return on_chip and dist.is_available() and dist.is_backend_available(facade.t.collective)
+
+        def version() -> tuple:
+            found = getattr(own, "version", None)
+            return tuple(found()) if callable(found) else (0, 0, 0)
+
+        return Namespace("torch.cuda.nccl", dict(is_available=is_available, version=version),
+                         getattr(self._cuda, "nccl", None), self.t)
 
     # -------------------------------------------------------------- nvtx
     def nvtx_namespace(self) -> Namespace:

@@ -80,6 +80,15 @@ class Target:
     def collective(self) -> str:
         return self.chip.collective
 
+    def computes_bfloat16(self) -> bool:
+        """Whether the chip computes bfloat16: its device module's ``is_bf16_supported()``
+        (torch_npu's on a 910A says False; a sim profile answers as its chip model), else
+        whether it declares bfloat16 its low-precision dtype."""
+        check = getattr(self.module, "is_bf16_supported", None)
+        if callable(check):
+            return bool(check())
+        return self.low_precision_dtype == torch.bfloat16
+
     @classmethod
     def from_selection(cls, selection: Any) -> "Target":
         """The target of a :class:`~flagos_torchfl.selection.Selection`."""

@@ -85,6 +85,31 @@ def patch_process_group(target: Target, patcher: Patcher) -> None:
         patcher.setitem(table, target.device_type, target.collective)
 
 
+@patch_function("nccl_queries", waits_for="torch.distributed.distributed_c10d")
+def patch_nccl_queries(target: Target, patcher: Patcher) -> None:
+    """``torch.distributed.is_nccl_available()`` and ``is_backend_available("nccl")`` answer
+    whether ``init_process_group("nccl")`` works here: whether the backend's collective library
+    is available (code written ``"nccl" if dist.is_nccl_available() else "gloo"`` then picks
+    the chip's library, as torch_npu's ``transfer_to_npu`` makes it answer HCCL's availability).
+    Only the public names are answered so: torch's own ``distributed_c10d`` asks its module
+    function before it reaches for NCCL's classes, which a build without NCCL lacks."""
+    import torch.distributed as dist
+    import torch.distributed.distributed_c10d as c10d
+
+    available = c10d.is_backend_available
+
+    def is_nccl_available() -> bool:
+        return available(target.collective)
+
+    def is_backend_available(backend: str) -> bool:
+        return available(translate_backend(target, backend) if isinstance(backend, str) else backend)
+
+    for name, wrapper in (("is_nccl_available", is_nccl_available), ("is_backend_available", is_backend_available)):
+        original = getattr(dist, name)
+        wrapper.__doc__, wrapper.__wrapped__ = original.__doc__, original
+        patcher.setattr(dist, name, wrapper)
+
+
 @patch_function("ddp", on_cuda=True, waits_for="torch.nn.parallel.distributed")
 def patch_ddp(target: Target, patcher: Patcher) -> None:
     """``DistributedDataParallel(model, device_ids=[local_rank], output_device=local_rank)``:

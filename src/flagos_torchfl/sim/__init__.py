@@ -38,11 +38,12 @@ _installed: tuple[int, frozenset[str], str] | None = None
 
 def install(num_devices: int = 1, native_ops: Iterable[str] | None = None,
             memory_limit: int | None = None, device_type: str = "sim",
-            device_name: str | None = None) -> types.ModuleType:
+            device_name: str | None = None, bfloat16: bool = True) -> types.ModuleType:
     """Claim PyTorch's PrivateUse1 slot as device type ``device_type`` (``"sim"``, or a chip's
     name such as ``"npu"`` so that code written for that chip runs) and return its device module
     (also ``torch.<device_type>``). ``device_name``: what ``get_device_name`` answers (None:
-    ``'flagos sim device'``).
+    ``'flagos sim device'``). ``bfloat16``: whether the devices compute bfloat16 (False, as on
+    a chip model without it: ``is_bf16_supported()`` is False and autocast takes float16 only).
 
     ``num_devices``: number of sim devices (``sim:0`` ...). ``native_ops``: the overloads the
     devices run natively, fully qualified as :func:`parse_native_ops` and
@@ -69,7 +70,7 @@ def install(num_devices: int = 1, native_ops: Iterable[str] | None = None,
         if _installed is not None:
             _check_same(num_devices, native, memory_limit, device_type)
             return getattr(torch, device_type)
-        module = registration.claim(num_devices, memory_limit, native, device_type, device_name)
+        module = registration.claim(num_devices, memory_limit, native, device_type, device_name, bfloat16)
         _installed = (num_devices, native, device_type)
     logger.info("sim: installed %d device(s) of type %r on PrivateUse1 with %d native operator "
                 "overloads", num_devices, device_type, len(native))

@@ -136,15 +136,19 @@ def get_device_properties(device: Any = None) -> _DeviceProperties:
 
 
 def get_amp_supported_dtype() -> list[torch.dtype]:
-    """The low-precision dtypes autocast casts to on the sim: float16 and bfloat16 once its
-    autocast key has casting rules (activating the sim backend registers CUDA's), else none
+    """The low-precision dtypes autocast casts to on the sim: float16, and bfloat16 where the
+    devices compute it (a chip model without it: float16 only), once its autocast key has
+    casting rules (activating the sim backend registers CUDA's), else none
     (``torch.autocast("sim", ...)`` then warns and stays off instead of casting nothing)."""
-    return [torch.float16, torch.bfloat16] if dispatcher.autocast_casts(AUTOCAST_KEY) else []
+    if not dispatcher.autocast_casts(AUTOCAST_KEY):
+        return []
+    return [torch.float16, torch.bfloat16] if runtime.BFLOAT16 else [torch.float16]
 
 
 def is_bf16_supported(including_emulation: bool = True) -> bool:
-    """Whether autocast in bfloat16 works on the sim: its kernels (the CPU's) compute bfloat16,
-    and autocast casts to it once the casting rules are registered."""
+    """Whether autocast in bfloat16 works on the sim: its devices compute bfloat16 (its kernels
+    are the CPU's; a chip model without bfloat16 says False) and autocast casts to it once the
+    casting rules are registered."""
     return torch.bfloat16 in get_amp_supported_dtype()
 
 

@@ -107,7 +107,8 @@ def current_owner() -> str | None:
 
 
 def claim(num_devices: int, memory_limit: int | None, native: Iterable[str],
-          device_type: str = "sim", device_name: str | None = None) -> types.ModuleType:
+          device_type: str = "sim", device_name: str | None = None,
+          bfloat16: bool = True) -> types.ModuleType:
     """Register the sim on PrivateUse1 as device type ``device_type``; returns the device module
     (``torch.<device_type>``). Raises :class:`PrivateUse1ClaimedError` if another backend holds
     the slot, :class:`BackendUnavailableError` if the slot cannot take that name
@@ -128,7 +129,7 @@ def claim(num_devices: int, memory_limit: int | None, native: Iterable[str],
     problem = rename_problem(device_type)
     if problem:
         raise BackendUnavailableError(device_type, f"the sim cannot be device type {device_type!r}: {problem}")
-    runtime.set_device_type(device_type, device_name)
+    runtime.set_device_type(device_type, device_name, bfloat16)
     runtime.start(num_devices, memory_limit)
     name = runtime.DEVICE_TYPE
     if torch._C._get_privateuse1_backend_name() != name:

@@ -20,6 +20,8 @@ chip (``"npu"`` ...). PyTorch's PrivateUse1 slot has one name per process, so th
 before the sim claims the slot."""
 
 DEVICE_NAME = "flagos sim device"
+#: whether the devices compute bfloat16 (a sim profile of a chip model without it: False)
+BFLOAT16 = True
 """What ``get_device_name`` answers (a profile names the chip's part)."""
 
 _allocators: list[CachingAllocator] = []
@@ -177,12 +179,14 @@ def start(num_devices: int, memory_limit: int | None) -> None:
     _generators[:] = gens
 
 
-def set_device_type(name: str, device_name: str | None = None) -> None:
-    """Make ``name`` the sim's device type and ``device_name`` (None: unchanged) its devices'
-    name (called once, before the sim claims PrivateUse1)."""
-    global DEVICE_TYPE, DEVICE_NAME
+def set_device_type(name: str, device_name: str | None = None, bfloat16: bool = True) -> None:
+    """Make ``name`` the sim's device type, ``device_name`` (None: unchanged) its devices' name
+    and ``bfloat16`` whether they compute bfloat16 (called once, before the sim claims
+    PrivateUse1)."""
+    global DEVICE_TYPE, DEVICE_NAME, BFLOAT16
     DEVICE_TYPE = name
     DEVICE_NAME = device_name or DEVICE_NAME
+    BFLOAT16 = bfloat16
 
 
 def device_name(index: int) -> str:

@@ -7,7 +7,8 @@ and optimizer's state, load it into a fresh model and optimizer, train on.
 ``--cpu``: the reference run (plain gloo on CPU tensors). Each rank writes
 ``OUT_DIR/ddp_dcp.rank<r>.json``: losses before and after the load, the loaded parameters against
 the saved ones, the final parameters, the same steps taken by the saved model itself (``straight``),
-the device.
+the device and the process group's backend. Its backend is chosen as trainers written for CUDA
+choose it: ``"nccl" if dist.is_nccl_available() else "gloo"``.
 """
 import argparse
 import os
@@ -46,7 +47,8 @@ def main(args):
     else:
         local_rank = int(os.environ["LOCAL_RANK"])
         torch.cuda.set_device(local_rank)
-        dist.init_process_group("nccl")
+        # as trainers written for CUDA choose their backend (Ultralytics and many more)
+        dist.init_process_group("nccl" if dist.is_nccl_available() else "gloo")
         device = torch.device("cuda", local_rank)
         ddp_kwargs = {"device_ids": [local_rank], "output_device": local_rank}
     model, optimizer = build(device, ddp_kwargs)
@@ -67,7 +69,7 @@ def main(args):
               "params": [p.detach().cpu().flatten().tolist() for p in fresh.parameters()],
               "straight_losses": straight,
               "straight_params": [p.detach().cpu().flatten().tolist() for p in model.parameters()],
-              "device": str(next(fresh.parameters()).device)}
+              "device": str(next(fresh.parameters()).device), "backend": dist.get_backend()}
     write_record(args.out, "ddp_dcp", record)
     end_group()
 
