@@ -19,6 +19,7 @@ import sys
 import pytest
 
 from flagos_torchfl import compat
+from flagos_torchfl.redirect.patches import REGISTRY
 from tests.distributed.test_real_clients import (CLIENTS, NEEDS, _run, _torchrun, assert_trained_like,
                                                  client_marks, records, runnable)
 
@@ -27,6 +28,8 @@ ORDER = str(CLIENTS / "import_order.py")
 HARNESS_NEEDS = ("dcp_state_dict", "device_mesh", "fsdp2")
 #: client -> extra arguments before the output folder
 CLIENT_ARGS = {"fsdp1_device_id": [], "fsdp2_dcp": ["{out}/ckpt"], "tensor_parallel": []}
+#: the patches that wait for dynamo's modules, in registry order
+DYNAMO_PATCHES = [p.name for p in REGISTRY if (p.waits_for or "").startswith("torch._dynamo.")]
 #: (order, backend) runs of every client; "after" under the launcher is test_real_clients' case
 RUNS = [("before", "sim"), ("after", "sim"), ("reactivated", "sim"), ("deactivated", "sim"),
         ("before", "cpu"), ("deactivated", "cpu")]
@@ -85,12 +88,12 @@ def _waiting(proc) -> list:
 
 
 def _expected(order: str, dynamo: bool) -> list:
-    """The patches that wait in ``order``: :data:`WAITING`, after the compile patch (first in the
-    registry) where ``torch._dynamo.eval_frame`` was not imported yet. Whether it is depends on
-    the environment, not on the order: a fresh environment's ``import torch`` does not import
-    dynamo (2.1, 2.13 and 2.14 alike), an installed ``torch.backends`` plug-in that does makes it
-    imported in every process."""
-    return ([] if dynamo else ["compile_keeps_step_hooks"]) + WAITING[order]
+    """The patches that wait in ``order``: :data:`WAITING`, after the compile patches (those
+    waiting for dynamo's modules, first in the registry) where ``torch._dynamo.eval_frame`` was
+    not imported yet. Whether it is depends on the environment, not on the order: a fresh
+    environment's ``import torch`` does not import dynamo (2.1, 2.13 and 2.14 alike), an installed
+    ``torch.backends`` plug-in that does makes it imported in every process."""
+    return ([] if dynamo else DYNAMO_PATCHES) + WAITING[order]
 
 
 @pytest.mark.parametrize("client, order, backend", _cases())

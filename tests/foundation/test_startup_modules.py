@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 
 from flagos_torchfl import compat
+from flagos_torchfl.redirect.patches import REGISTRY
 from tests.helpers import run_python
 
 #: what activation on the cpu backend imports that ``import torch`` does not (besides the
@@ -57,7 +58,8 @@ def test_distributed_modules_imported_by_the_program_are_patched_there():
     # so does the compile patch where `import torch` has not imported dynamo (2.1: FSDP imports it)
     found = json.loads(proc.stdout)
     mesh = [] if compat.has("device_mesh") else ["device_mesh"]
-    compiling = [["compile_keeps_step_hooks"] if not imported else [] for imported in found.pop("dynamo")]
+    dynamo_patches = [p.name for p in REGISTRY if (p.waits_for or "").startswith("torch._dynamo.")]
+    compiling = [dynamo_patches if not imported else [] for imported in found.pop("dynamo")]
     assert found == {"waiting": [*compiling[0], *mesh, "fsdp_device_id", "deepspeed_accelerator"],
                      "then": [*compiling[1], *mesh, "deepspeed_accelerator"], "last": "fsdp_device_id"}
 

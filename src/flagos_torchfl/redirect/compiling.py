@@ -17,6 +17,7 @@ import torch
 
 from .. import compat
 from .devices import Target
+from .factories import original_of
 from .patches import Patcher, patch_function
 
 FALLBACK = "aot_eager"
@@ -57,6 +58,24 @@ def patch_compile_fallback(target: Target, patcher: Patcher) -> None:
         return lookup_backend(FALLBACK)(model_, inputs_)
 
     patcher.setattr(wrapper, "__call__", __call__)
+
+
+@patch_function("compile_traces_torch_functions", waits_for="torch._dynamo.trace_rules")
+def patch_trace_rules(target: Target, patcher: Patcher) -> None:
+    """dynamo's table of torch's functions (built from torch's names the first time it traces)
+    holds the functions the factory wrappers wrap, never the wrappers: dynamo then inlines a
+    wrapper, whose device translation stays in the traced program, and traces the original in it
+    as torch's own — also after a later activation made new wrappers, and under
+    ``with torch.device(...)``. Were the table built from the wrappers, dynamo would call an
+    activation's wrapper opaquely and not know the original the next activation's calls."""
+    from torch._dynamo import trace_rules
+
+    original = trace_rules.load_object
+
+    def load_object(name: str) -> Any:
+        return original_of(original(name))
+
+    patcher.setattr(trace_rules, "load_object", load_object)
 
 
 @patch_function("compile_keeps_step_hooks", waits_for="torch._dynamo.eval_frame")

@@ -8,11 +8,21 @@ their ``device=`` is covered here too.
 
 Each wrapper looks at ``device=`` (and, where the chip does not pin memory — the CPU: there is no
 device to pin host memory for — turns ``pin_memory=True`` off) and calls the original; nothing else is added to a call.
+
+The wrappers are invisible to torch's compilers: TorchScript resolves each one to its original's
+ATen operator (its builtin table), so scripted torch code (``torch.distributed.optim``'s functional
+optimizers) compiles as without the package; dynamo inlines a wrapper (the device translation stays
+in the traced program) and traces the original inside it as torch's own function
+(``redirect/compiling.py`` keeps dynamo's table of torch functions on the originals); and
+``with torch.device(...)`` still reaches factories inside ``torch.compile`` (dynamo re-evaluates
+``torch.utils._device._device_constructors()`` when it traces the device context, so that list
+names the originals and their wrappers).
 """
 from __future__ import annotations
 
 import functools
-from typing import Callable, Iterable, List, Tuple
+import sys
+from typing import Callable, List, Tuple
 
 import torch
 
@@ -27,6 +37,16 @@ LIKE_FACTORIES = (
 TENSOR_NEW_METHODS = (
     "new_empty", "new_empty_strided", "new_zeros", "new_ones", "new_full", "new_tensor",
 )
+
+
+def script_as_original(patcher: Patcher, original: Callable, wrapper: Callable) -> None:
+    """TorchScript compiles calls to ``wrapper`` as calls to ``original``'s ATen operator (it
+    would otherwise try to compile the wrapper's source, and fail at its builtin)."""
+    from torch.jit import _builtins
+
+    table = _builtins._get_builtin_table()
+    if id(original) in table:
+        patcher.setitem(table, id(wrapper), table[id(original)])
 
 
 def factory_wrapper(original: Callable, target: Target) -> Callable:
@@ -48,7 +68,17 @@ def factory_wrapper(original: Callable, target: Target) -> Callable:
                 return original(*args, **kwargs).pin_memory()
         return original(*args, **kwargs)
 
+    setattr(factory, ORIGINAL, original)
     return factory
+
+
+ORIGINAL = "_flagos_torchfl_original"
+"""The attribute of a factory wrapper holding the torch function it wraps."""
+
+
+def original_of(function: Callable) -> Callable:
+    """The torch function ``function`` wraps, if it is a factory wrapper; else ``function``."""
+    return getattr(function, ORIGINAL, function)
 
 
 def _owners(function: Callable) -> List[Tuple[object, str]]:
@@ -63,22 +93,42 @@ def _owners(function: Callable) -> List[Tuple[object, str]]:
     return found
 
 
-def device_constructors() -> Iterable[Callable]:
-    """PyTorch's original device constructors, sorted by name. The list is cached by torch on
-    first use, so it holds the unpatched functions as long as it is first read before any patch
-    (the first patch family reads it)."""
-    from torch.utils._device import _device_constructors
+_ORIGINAL_CONSTRUCTORS: List[Callable] = []
 
-    return sorted(_device_constructors(), key=lambda f: f.__name__)
+
+def device_constructors() -> List[Callable]:
+    """PyTorch's original device constructors, sorted by name. torch caches its list on first
+    use, so it holds the unpatched functions as long as it is first read before any patch (the
+    activation reads it first); kept here too, since the factories patch replaces the list."""
+    if not _ORIGINAL_CONSTRUCTORS:
+        from torch.utils._device import _device_constructors
+
+        _ORIGINAL_CONSTRUCTORS.extend(sorted(_device_constructors(), key=lambda f: f.__name__))
+    return list(_ORIGINAL_CONSTRUCTORS)
 
 
 @patch_function("factories", on_cuda=True)
 def patch_factories(target: Target, patcher: Patcher) -> None:
     """``torch.zeros/ones/empty/full/rand/randn/randint/arange/tensor/...(device=...)``: torch's
-    36 device constructors, wherever they are exposed (``torch.fft.fftfreq``...)."""
-    for function in device_constructors():
+    36 device constructors, wherever they are exposed (``torch.fft.fftfreq``...); the device
+    context's list of constructors names them and their wrappers."""
+    import torch.utils._device as device_module
+
+    originals = device_constructors()
+    wrappers = []
+    for function in originals:
+        wrapper = factory_wrapper(function, target)
         for owner, attr in _owners(function):
-            patcher.setattr(owner, attr, factory_wrapper(function, target))
+            patcher.setattr(owner, attr, wrapper)
+        script_as_original(patcher, function, wrapper)
+        wrappers.append(wrapper)
+    listed = frozenset(originals) | frozenset(wrappers)
+
+    def _device_constructors():
+        return listed
+
+    patcher.replace_in((device_module, sys.modules.get("torch._inductor.codecache")), "_device_constructors",
+                       device_module._device_constructors, _device_constructors)
 
 
 @patch_function("like_factories", on_cuda=True)
@@ -86,7 +136,8 @@ def patch_like_factories(target: Target, patcher: Patcher) -> None:
     """``torch.zeros_like/ones_like/empty_like/full_like/rand_like/randn_like/randint_like``
     and ``torch.normal`` with ``device=``."""
     for name in LIKE_FACTORIES:
-        patcher.wrap(torch, name, lambda original: factory_wrapper(original, target))
+        original = patcher.wrap(torch, name, lambda original: factory_wrapper(original, target))
+        script_as_original(patcher, original, getattr(torch, name))
 
 
 @patch_function("tensor_new", on_cuda=True)
