@@ -268,7 +268,7 @@ def test_the_uses_of_missing_names_belong_to_one_activation():
 
         def use():
             try:
-                torch.cuda.get_arch_list()
+                torch.cuda.list_gpu_processes()
             except ft.UnsupportedFeatureError:
                 pass
 
@@ -285,4 +285,4 @@ def test_the_uses_of_missing_names_belong_to_one_activation():
     proc = run_python(["-c", code], env={"FL_SIM_PROFILE": "ascend"}, timeout=300)
     assert proc.returncode == 0, proc.stderr
     first, after, again, last = json.loads(proc.stdout.splitlines()[-1])
-    assert first == [["get_arch_list", 2]] and after == [] and again == [] and last == [["get_arch_list", 1]]
+    assert first == [["list_gpu_processes", 2]] and after == [] and again == [] and last == [["list_gpu_processes", 1]]

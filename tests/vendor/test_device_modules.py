@@ -130,9 +130,10 @@ def test_the_facade_on_the_ascend_profile_answers_from_the_table(tmp_path):
     has_elsewhere = {n for n, message in answers.items() if "ascend has torch.npu." in message}
     assert lacking | has_elsewhere == set(answers)
     assert lacking == {n for n in answers if n not in table.names and counterparts.get(n) not in table.names}
-    assert {"get_arch_list", "is_tf32_supported", "list_gpu_processes"} <= lacking
-    assert "torch.cuda.get_arch_list is not available on ascend: torch.npu of torch-npu 2.13.0 has no " \
-           "get_arch_list" in answers["get_arch_list"]
+    assert "list_gpu_processes" in lacking
+    assert not {"get_arch_list", "is_tf32_supported"} & set(answers)  # queries the facade answers itself
+    assert "torch.cuda.list_gpu_processes is not available on ascend: torch.npu of torch-npu 2.13.0 has no " \
+           "list_gpu_processes" in answers["list_gpu_processes"]
     assert "ascend has torch.npu.NPUGraph" in answers["CUDAGraph"]
     assert "utilization" in has_elsewhere
 
@@ -141,21 +142,21 @@ def test_the_verdict_names_the_cuda_apis_the_chip_lacks(tmp_path):
     script = tmp_path / "arch.py"
     script.write_text(textwrap.dedent("""
         import torch
-        assert hasattr(torch.cuda, "CUDAGraph") and hasattr(torch.cuda, "get_arch_list")  # reading is free
+        assert hasattr(torch.cuda, "CUDAGraph") and hasattr(torch.cuda, "list_gpu_processes")  # reading is free
         with torch.cuda.nvtx.range("step"):
             x = torch.ones(4, device="cuda") * 2
         print("sum", x.sum().item())
-        torch.cuda.get_arch_list()
+        torch.cuda.list_gpu_processes()
     """))
     proc = run_python(["-m", "flagos_torchfl", "run", "--profile", "ascend", "--report", str(script)], timeout=300)
     assert proc.returncode == 1
     assert "sum 8.0" in proc.stdout
-    assert "UnsupportedFeatureError: torch.cuda.get_arch_list is not available on ascend" in proc.stderr
+    assert "UnsupportedFeatureError: torch.cuda.list_gpu_processes is not available on ascend" in proc.stderr
     assert ("torch.cuda APIs the program used that ascend lacks (torch.npu of torch-npu 2.13.0 has no such "
-            "name): torch.cuda.get_arch_list (1 use)") in proc.stderr
+            "name): torch.cuda.list_gpu_processes (1 use)") in proc.stderr
     as_json = run_python(["-m", "flagos_torchfl", "run", "--profile", "ascend", "--json", str(script)], timeout=300)
     verdict = json.loads(as_json.stderr[as_json.stderr.index("{"):])
-    assert verdict["cuda_api_missing"]["names"] == [{"name": "torch.cuda.get_arch_list", "uses": 1}]
+    assert verdict["cuda_api_missing"]["names"] == [{"name": "torch.cuda.list_gpu_processes", "uses": 1}]
 
 
 FAKE_NPU = '''
@@ -200,7 +201,7 @@ def test_on_the_chip_counterparts_answer_and_lacking_names_raise_naming_it(tmp_p
         print("mstx", torch_npu.calls)
         print("utilization", torch.cuda.utilization())
         try:
-            torch.cuda.get_arch_list()
+            torch.cuda.list_gpu_processes()
         except ft.UnsupportedFeatureError as exc:
             print("error", exc)
     """)
@@ -209,5 +210,5 @@ def test_on_the_chip_counterparts_answer_and_lacking_names_raise_naming_it(tmp_p
     assert "graph True" in proc.stdout
     assert "mstx [('push', 'step'), ('pop',)]" in proc.stdout
     assert "utilization 42" in proc.stdout
-    assert "error torch.cuda.get_arch_list is not available on ascend: torch.npu of torch-npu 2.13.0 has no " \
-           "get_arch_list (backend 'ascend', device type 'npu')" in proc.stdout
+    assert "error torch.cuda.list_gpu_processes is not available on ascend: torch.npu of torch-npu 2.13.0 has no " \
+           "list_gpu_processes (backend 'ascend', device type 'npu')" in proc.stdout
