@@ -5,15 +5,16 @@ where it was read. A chip named alone is its default model."""
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 from functools import lru_cache
-from importlib import resources
 from types import MappingProxyType
 from typing import Dict, Mapping, Tuple
 
 from ..errors import ConfigError, suggestion
 
-_FILE = "data/chip_models.json"
+#: read by path: activation imports no importlib.resources
+_FILE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data", "chip_models.json")
 
 
 @dataclass(frozen=True)
@@ -37,7 +38,8 @@ class ChipModel:
 
 @lru_cache(maxsize=None)
 def _table() -> Mapping[str, Tuple[str, Mapping[str, ChipModel]]]:
-    data = json.loads(resources.files("flagos_torchfl").joinpath(_FILE).read_text())
+    with open(_FILE, encoding="utf-8") as f:
+        data = json.load(f)
     table = {}
     for chip, entry in data["chips"].items():
         models = {name: ChipModel(chip, name, m["device_name"], int(m["memory_gib"]) << 30,

@@ -19,14 +19,14 @@ import math
 import os
 from dataclasses import dataclass
 from functools import lru_cache
-from importlib import resources
 from typing import Callable, Dict, List, MutableMapping, Optional, Sequence, Tuple
 
 from ..log import get_logger
 
 log = get_logger("backends")
 MARK = "FL_ENVIRONMENT_TRANSLATED"
-_FILE = "data/cuda_environment.json"
+#: read by path: activation imports no importlib.resources
+_FILE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data", "cuda_environment.json")
 
 
 def _zero_or_one(text: str) -> str:
@@ -65,7 +65,8 @@ class Counterpart:
 @lru_cache(maxsize=None)
 def counterparts(chip: str) -> Tuple[Counterpart, ...]:
     """The rules of ``chip`` (a backend name; none for a chip without a table)."""
-    data = json.loads(resources.files("flagos_torchfl").joinpath(_FILE).read_text())
+    with open(_FILE, encoding="utf-8") as f:
+        data = json.load(f)
     return tuple(Counterpart(tuple(r["from"]), r["to"], r["value"], r["source"])
                  for r in data["chips"].get(chip, ()))
 
