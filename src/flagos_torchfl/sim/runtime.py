@@ -20,9 +20,10 @@ chip (``"npu"`` ...). PyTorch's PrivateUse1 slot has one name per process, so th
 before the sim claims the slot."""
 
 DEVICE_NAME = "flagos sim device"
-#: whether the devices compute bfloat16 (a sim profile of a chip model without it: False)
-BFLOAT16 = True
 """What ``get_device_name`` answers (a profile names the chip's part)."""
+
+BFLOAT16 = True
+"""Whether the devices compute bfloat16 (a profile of a chip model without it: False)."""
 
 _allocators: list[CachingAllocator] = []
 _generators: list["SimGenerator"] = []
