@@ -60,9 +60,18 @@ def _activate_precision(selection: Selection) -> Optional[Callable[[], None]]:
 
 
 def _publish_for_children(selection: Selection) -> Optional[Callable[[], None]]:
-    from . import inherit
+    """Children started from now on activate as this process: its activation published, and
+    the start-up hook handed down (as ``run`` hands it to its program)."""
+    from . import inherit, startup
 
-    return inherit.publish(selection)
+    undo_hook = startup.activate_children()
+    undo_record = inherit.publish(selection)
+
+    def undo() -> None:
+        undo_record()
+        undo_hook()
+
+    return undo
 
 
 #: (name, step) in activation order. Each step takes the Selection and returns an undo callable

@@ -1,10 +1,12 @@
-"""The activation a process under ``python -m flagos_torchfl run`` hands to its Python children.
+"""The activation a process hands to its Python children.
 
-Each activation of such a process (``FL_ACTIVATE=1``), the launcher's and every later one the
-program makes with ``ft.init_backend(...)`` or a setting assignment, publishes itself in the
-internal variable ``FL_PARENT_ACTIVATION``: the backend, the devices (physical indices), every
-setting, the probe result, and the device-related environment it was made in. Deactivation
-restores the previous value. A child activates from it:
+Every activation, the launcher's and every one a program makes with ``ft.init_backend(...)``
+or a setting assignment, publishes itself in the internal variable ``FL_PARENT_ACTIVATION``:
+the backend, the devices (physical indices), every setting, the probe result, and the
+device-related environment it was made in. Deactivation restores the previous value. Python
+children read it as they activate (``bootstrap/sitecustomize.py``, which ``run`` hands to its
+program and activation in code to the children started after it:
+``startup.activate_children``). A child activates from it:
 
 - with the environment unchanged, exactly the same way, probing nothing (not even a vendor
   tool); only the vendor plugin is imported;
@@ -48,10 +50,8 @@ def _settings(selection) -> Dict[str, Any]:
 
 
 def publish(selection, environ: MutableMapping[str, str] = os.environ) -> Optional[Callable[[], None]]:
-    """Write ``selection`` to ``FL_PARENT_ACTIVATION`` when this process runs under ``run``;
-    returns the undo that restores the previous value (None when nothing was written)."""
-    if not variables.read("FL_ACTIVATE", environ):
-        return None
+    """Write ``selection`` to ``FL_PARENT_ACTIVATION``; returns the undo that restores the
+    previous value."""
     previous = environ.get(RECORD)
     probe = selection.probe.as_dict() if selection.probe is not None else None
     environ[RECORD] = json.dumps({

@@ -1,5 +1,7 @@
-"""PyTorch's FSDP2 recipe (meta-device model, ``fully_shard``, ``to_empty``, ``reset_parameters``,
-DCP save and resume), written for CUDA, with 2 processes on sim through the launcher.
+"""PyTorch's official FSDP2 example's calls (the device from ``torch.accelerator``, set by
+``DeviceMesh`` from ``LOCAL_RANK``; meta-device model, ``fully_shard`` in bfloat16 mixed precision,
+``to_empty``, ``reset_parameters``, DCP save and resume), with 2 processes on sim through the
+launcher.
 
 ``reset_parameters()`` on sharded parameters runs DTensor's random ops, which read and move the
 device generator's Philox-style (seed, offset) state: each rank's shard is drawn at its own offset.
@@ -26,6 +28,7 @@ def _port() -> int:
 
 
 @pytest.mark.needs_sim
+@pytest.mark.torch_feature("accelerator")
 @pytest.mark.torch_feature("fsdp2")
 @pytest.mark.torch_feature("dcp_state_dict")
 def test_fsdp2_meta_init_trains_on_sim_and_resumes_from_its_checkpoint(tmp_path):
@@ -42,6 +45,8 @@ def test_fsdp2_meta_init_trains_on_sim_and_resumes_from_its_checkpoint(tmp_path)
     ranks = [json.loads(f.read_text()) for f in files]
     for rank, record in enumerate(ranks):
         assert record["device"] == f"sim:{rank}"
+        assert record["current_device"] == rank  # DeviceMesh set it: the runtime started lazily
+        assert record["unsharded_dtype"] == ["torch.bfloat16"]
         assert record["rng_state_bytes"] == 16  # seed + offset, as an accelerator's generator
         assert record["resumed_losses"] == record["straight_losses"]
         assert record["final_params"] == record["straight_params"]

@@ -34,7 +34,8 @@ NEEDS = {"ddp_snapshot": (), "ddp_dcp": (), "mp_spawn_ddp": (), "accelerate_torc
          "fsdp2_dcp": ("device_mesh", "fsdp2", "dcp_state_dict"),
          "tensor_parallel": ("device_mesh", "fsdp2"),
          "fsdp1_device_id": ("fsdp_cpu",),  # FSDP1 on CPU tensors: the cpu backend and the reference
-         "accelerator_gate": ("accelerator", "device_mesh", "fsdp2")}
+         "accelerator_gate": ("accelerator", "device_mesh", "fsdp2"),
+         "premul_sum": ("device_mesh", "fsdp2")}
 #: job names that are not a client's name
 JOB_CLIENTS = {"ddp": "ddp_snapshot"}
 
@@ -161,6 +162,11 @@ def _jobs(root: Path) -> dict:
     argv = _torchrun(str(CLIENTS / "ddp_dcp.py"), str(folder / "ckpt"), str(folder))
     jobs["ddp_dcp.ascend910a"] = ((lambda argv=argv: _run(
         [sys.executable, "-m", "flagos_torchfl", "run", "--profile", "ascend:910a", "--", *argv])), folder)
+    for job, chip in (("premul_sum.sim", ["--backend", "sim"]), ("premul_sum.ascend", ["--profile", "ascend"])):
+        folder = out(job)
+        argv = _torchrun(str(CLIENTS / "premul_sum.py"), str(folder))
+        jobs[job] = ((lambda argv=argv, chip=chip: _run(
+            [sys.executable, "-m", "flagos_torchfl", "run", *chip, "--", *argv])), folder)
     spawn = str(CLIENTS / "mp_spawn_ddp.py")
     for mode in ("ref", "cpu", "sim"):
         folder = out(f"mp_spawn_ddp.{mode}")
@@ -265,6 +271,29 @@ def test_ddp_with_the_idiom_trains_on_the_ascend_910a_profile(runs):
     assert_trained_like(got, records(runs, "ddp_dcp.ref", "ddp_dcp"), exact=False, what="ddp_dcp on ascend:910a")
     assert [(got[r]["device"], got[r]["backend"]) for r in (0, 1)] == [("npu:0", "hccl"), ("npu:1", "hccl")]
     assert all(got[r]["loaded_equals_saved"] for r in (0, 1))
+
+
+PREMUL_SUM_CALLS = ("all_reduce", "reduce_scatter", "fsdp_divide_factor")
+
+
+@needing("premul_sum", "sim")
+def test_premul_sum_reduces_as_nccl_defines_it_on_sim(runs):
+    """NCCL's PREMUL_SUM (each input times the factor, then summed) on the sim, whose staged
+    collectives run on gloo, which lacks it: all_reduce, reduce_scatter_tensor (its input kept)
+    and FSDP2's reduce-scatter under ``set_gradient_divide_factor``."""
+    for rank, record in records(runs, "premul_sum.sim", "premul_sum").items():
+        assert record["device"] == f"sim:{rank}"
+        for call in PREMUL_SUM_CALLS:
+            assert record[call].get("got") == record[call]["expected"], (call, record[call])
+        assert record["reduce_scatter"]["input_kept"] is True
+
+
+@needing("premul_sum", "sim")
+def test_premul_sum_is_refused_on_the_ascend_profile_as_hccl_has_none(runs):
+    for rank, record in records(runs, "premul_sum.ascend", "premul_sum").items():
+        assert record["device"] == f"npu:{rank}"
+        for call in PREMUL_SUM_CALLS:
+            assert "PREMUL_SUM is not supported by hccl on npu tensors" in record[call]["error"], call
 
 
 @pytest.mark.parametrize("backend", BACKENDS["ddp_dcp"])

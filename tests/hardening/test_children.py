@@ -1,6 +1,6 @@
-"""What children inherit: the parent's current activation under ``run`` (backend, devices,
-every setting, probe result), device masks translated only for the chosen backend, and a clear
-decision in interpreters that have torch but not this package."""
+"""What children inherit: the parent's current activation under ``run`` and in a program activated
+in code (backend, devices, every setting, probe result), device masks translated only for the
+chosen backend, and a clear decision in interpreters that have torch but not this package."""
 import json
 import os
 import subprocess
@@ -75,6 +75,71 @@ def test_child_with_its_own_device_environment_probes_again(tmp_path):
     assert proc.returncode == 0, proc.stderr
     child = json.loads(proc.stdout.strip().splitlines()[-1])
     assert (child["backend"], child["devices"], child["source"], child["interval"]) == ("sim", [0, 1], "argument", 5)
+
+
+IN_CODE = textwrap.dedent("""
+    import json, multiprocessing as mp, subprocess, sys
+    import torch
+    import flagos_torchfl as ft
+
+    def state(tag):
+        s = ft.current_backend()
+        device = str(torch.ones(1, device="cuda").device) if s is not None else None
+        return [tag, s and s.backend, s and s.source, device]
+
+    def work(queue, tag):
+        queue.put(state(tag))
+
+    def rank(i, queue):
+        queue.put(state(f"torch.multiprocessing.spawn rank {i}"))
+
+    def children(tag):
+        found = []
+        for method in ("spawn", "forkserver"):
+            ctx = mp.get_context(method)
+            queue = ctx.Queue()
+            p = ctx.Process(target=work, args=(queue, f"{tag} {method}"))
+            p.start()
+            found.append(queue.get(timeout=120))
+            p.join()
+        return found
+
+    if __name__ == "__main__":
+        ft.init_backend("sim", memory_pool_clear_interval=3)
+        found = children("activated")
+        queue = mp.get_context("spawn").SimpleQueue()
+        torch.multiprocessing.spawn(rank, args=(queue,), nprocs=2)
+        found += sorted(queue.get() for _ in range(2))
+        # a child whose first import is the package (which imports torch itself)
+        code = "import flagos_torchfl as ft; s = ft.current_backend(); print(s.backend, s.source, s.settings.memory_pool_clear_interval)"
+        found.append(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout.split())
+        ft.deactivate()
+        found += children("deactivated")
+        print(json.dumps(found))
+""")
+
+
+@pytest.mark.needs_sim
+def test_children_of_a_program_activated_in_code_activate_as_it(tmp_path):
+    """Without ``run``: torch's ``torch.backends`` entry point activates each Python child as
+    its parent (spawn, forkserver, ``torch.multiprocessing.spawn``, ``subprocess``), also where
+    the child's first import is the package; after ``ft.deactivate()`` new interpreters run
+    plainly."""
+    script = tmp_path / "main.py"
+    script.write_text(IN_CODE)
+    proc = run_python([str(script)], timeout=300, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    found = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert found == [
+        ["activated spawn", "sim", "inherited", "sim:0"],
+        ["activated forkserver", "sim", "inherited", "sim:0"],
+        ["torch.multiprocessing.spawn rank 0", "sim", "inherited", "sim:0"],
+        ["torch.multiprocessing.spawn rank 1", "sim", "inherited", "sim:0"],
+        ["sim", "inherited", "3"],
+        ["deactivated spawn", None, None, None],
+        # the fork server started while the parent was activated, and its children are forks
+        ["deactivated forkserver", "sim", "inherited", "sim:0"],
+    ]
 
 
 def test_deactivate_restores_the_published_activation(monkeypatch):

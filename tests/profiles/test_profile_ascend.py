@@ -120,3 +120,23 @@ def test_a_strict_budget_stops_the_run_at_the_first_fallback_beyond_it(ascend):
         ft.deactivate()
         del os.environ["FL_FALLBACK_BUDGET"]
         ft.init_backend("sim")
+
+
+def test_a_child_forked_after_use_gets_torch_npu_s_message(ascend):
+    import multiprocessing
+
+    torch.ones(1, device="npu")
+    receive, send = multiprocessing.get_context("fork").Pipe(duplex=False)
+
+    def child():
+        try:
+            torch.ones(1, device="cuda")
+            send.send("no error")
+        except RuntimeError as e:
+            send.send(str(e))
+
+    process = multiprocessing.get_context("fork").Process(target=child)
+    process.start()
+    assert receive.recv() == ("Cannot re-initialize NPU in forked subprocess. To use NPU with "
+                              "multiprocessing, you must use the 'spawn' start method")
+    process.join(60)

@@ -35,7 +35,7 @@ def test_install_with_other_arguments_is_refused(sim):
 
 
 def test_device_module_basics(sim):
-    assert sim.is_available() and sim.is_initialized() and not sim._is_in_bad_fork()
+    assert sim.is_available() and not sim._is_in_bad_fork()  # initialisation: test_sim_fork.py
     assert sim.device_count() == 2
     assert sim.get_device_name() == sim.get_device_name(1) == "flagos sim device"
     props = sim.get_device_properties("sim:1")

@@ -13,6 +13,10 @@ class AscendBackend(Backend):
     device_type = "npu"
     dispatch_key = "PrivateUse1"
     collective = "hccl"
+    # HCCL has no PREMUL_SUM: projects that run FSDP on Ascend rewrite it as SUM and a multiply
+    # (ByteDance-Seed/VeOmni, veomni/ops/patch/hccl_premul_sum.py: "ReduceOp.PREMUL_SUM which is
+    # not supported in Huawei HCCL")
+    collective_lacks = ("PREMUL_SUM",)
     low_precision_dtype = "float16"  # torch_npu's autocast default; 910B also has bfloat16
     # no float64 kernels: torch_npu's transfer_to_npu turns DoubleTensor into FloatTensor and
     # its autocast excludes float64

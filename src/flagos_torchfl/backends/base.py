@@ -113,6 +113,10 @@ class Backend:
     #: whether process groups and DDP are bound to one device (False: ``device_id`` / DDP
     #: ``device_ids`` are dropped, as for CPU modules)
     binds_process_group_device: bool = True
+    #: ``ReduceOp`` reductions the chip's collective library lacks (``"PREMUL_SUM"``: NCCL has it,
+    #: HCCL does not); a staged library (the sim's) that lacks what the chip's has runs it at
+    #: ``torch.distributed``'s entry points (:meth:`runs_premul_sum_at_entry`)
+    collective_lacks: Tuple[str, ...] = ()
     #: whether DeepSpeed gets its accelerator from this package (where DeepSpeed has none of its
     #: own for the chip); False: DeepSpeed's own detection picks it (torch_npu, torch_mlu, CUDA)
     provides_deepspeed_accelerator: bool = False
@@ -364,6 +368,13 @@ class Backend:
         wait = _memory.real(self.device_module(), "synchronize")
         if wait is not None:
             wait(index)
+
+    def runs_premul_sum_at_entry(self) -> bool:
+        """Whether ``ReduceOp.PREMUL_SUM(factor)`` reductions of this chip's tensors run at
+        ``torch.distributed``'s entry points as a multiply by the factor and a SUM, because the
+        library that carries them lacks it where the chip's has it. False (the default): the
+        chip's library takes them, or refuses them as the chip does."""
+        return False
 
     def collective_staging(self) -> Optional[Mapping[str, int]]:
         """What this chip's collectives copied through host memory since the process started:

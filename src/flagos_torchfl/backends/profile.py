@@ -116,6 +116,7 @@ class ProfileBackend(SimBackend):
         self.rename_problem = rename_problem(chip.device_type)
         self.device_type = "sim" if self.rename_problem else chip.device_type
         self.collective = chip.collective
+        self.collective_lacks = chip.collective_lacks
         self.low_precision_dtype = chip.low_precision_dtype
         self.supports_float64 = chip.supports_float64
         self.visible_devices_env = chip.visible_devices_env

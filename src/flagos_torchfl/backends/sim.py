@@ -170,6 +170,12 @@ class SimBackend(Backend):
 
         collectives.register(torch._C._get_privateuse1_backend_name(), self.collective)
 
+    def runs_premul_sum_at_entry(self) -> bool:
+        """True unless the chip the sim answers as lacks PREMUL_SUM (:attr:`collective_lacks`:
+        an Ascend profile, as HCCL): the staged collectives run on gloo, which has no
+        PREMUL_SUM, and the ``c10d`` operator hands a kernel the reduce op without its factor."""
+        return "PREMUL_SUM" not in self.collective_lacks
+
     def collective_staging(self) -> Optional[Mapping[str, int]]:
         """The staged collectives' counters (``flagos_torchfl.sim.collectives.stats``), once
         they are registered."""

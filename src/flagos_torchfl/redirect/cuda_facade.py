@@ -192,8 +192,7 @@ class CudaFacade:
         random_names = [n for n in torch.cuda.random.__all__ if n in table]
         table.update({
             "is_available": f.is_available,
-            "is_initialized": lambda: True,
-            "init": lambda: None,
+            "is_initialized": f.is_initialized, "init": f.init,
             "is_bf16_supported": f.is_bf16_supported,
             "is_tf32_supported": f.is_tf32_supported,
             "get_arch_list": f.get_arch_list, "get_gencode_flags": f.get_gencode_flags,
@@ -312,6 +311,20 @@ class CudaFacade:
             return tuple(self._mod("get_device_capability")(self._phys(device)))
         self.t.logical_index(device)
         return tuple(self.t.chip.cuda_capability(self.is_bf16_supported()))
+
+    def is_initialized(self) -> bool:
+        """Whether the backend's runtime has initialised in this process: the device module's
+        answer (False until first use on the sim and the vendors' modules, as CUDA's, so that
+        code that sets the device only if nothing has, like ``DeviceMesh``, sets it); True for a
+        backend whose module does not say (the host)."""
+        check = self._mod("is_initialized")
+        return bool(check()) if callable(check) else True
+
+    def init(self) -> None:
+        """Initialise the backend's runtime now (its module's ``init``; nothing for the host)."""
+        start = self._mod("init")
+        if callable(start):
+            start()
 
     def is_bf16_supported(self, including_emulation: bool = True) -> bool:
         """Whether the chip computes bfloat16 (``Target.computes_bfloat16``)."""
@@ -464,8 +477,11 @@ class CudaFacade:
         return tuple(generators[p] for p in self.t.devices)
 
     def manual_seed(self, seed: int) -> None:
-        """Seed the current device's generator."""
-        self.set_device(self.t.current)
+        """Seed the current device's generator (making the backend's current device the logical
+        current one's first, only where it differs: setting a device is a first use)."""
+        current = self._mod("current_device")
+        if current is None or current() != self.t.physical(self.t.current):
+            self.set_device(self.t.current)
         self._mod("manual_seed")(int(seed))
 
     def manual_seed_all(self, seed: int) -> None:

@@ -110,6 +110,54 @@ def patch_nccl_queries(target: Target, patcher: Patcher) -> None:
         patcher.setattr(dist, name, wrapper)
 
 
+#: the reducing entry points PREMUL_SUM reaches (FSDP2's ``set_gradient_divide_factor``:
+#: ``reduce_scatter_single``, ``reduce_scatter_tensor`` before torch 2.13), with the argument
+#: holding the tensors they scale; those this torch lacks are skipped
+_PREMUL_SUM_INPUTS = {"all_reduce": "tensor", "reduce_scatter_single": "input",
+                      "reduce_scatter_tensor": "input", "reduce_scatter": "input_list"}
+
+
+@patch_function("premul_sum", waits_for="torch.distributed.distributed_c10d")
+def patch_premul_sum(target: Target, patcher: Patcher) -> None:
+    """``all_reduce`` and the reduce-scatters (:data:`_PREMUL_SUM_INPUTS`) with
+    ``op=ReduceOp.PREMUL_SUM(factor)`` on the chip's tensors, where the chip says its library
+    runs them here (``Backend.runs_premul_sum_at_entry``: the sim, whose staged collectives run
+    on gloo): the inputs are multiplied by the factor, then reduced with SUM, which is what
+    PREMUL_SUM means (NCCL multiplies each input before it sums). ``all_reduce`` scales its
+    tensor in place, as it overwrites it; the reduce-scatters scale a copy of their inputs."""
+    if not target.chip.runs_premul_sum_at_entry():
+        return
+    import torch.distributed as dist
+    import torch.distributed.distributed_c10d as c10d
+
+    def premul_factor(op: Any) -> Any:
+        if isinstance(op, c10d.ReduceOp) and op == c10d.ReduceOp.PREMUL_SUM:
+            return op.__getstate__()[1]
+        return None
+
+    def on_chip(value: Any) -> bool:
+        first = value[0] if isinstance(value, (list, tuple)) and value else value
+        return isinstance(first, torch.Tensor) and first.device.type == target.device_type
+
+    for name, argument in _PREMUL_SUM_INPUTS.items():
+        def edit(values: dict, argument: str = argument) -> None:
+            factor = premul_factor(values.get("op"))
+            if factor is None or not on_chip(values.get(argument)):
+                return
+            value = values[argument]
+            if argument == "tensor":
+                value.mul_(factor)
+            elif isinstance(value, torch.Tensor):
+                values[argument] = value * factor
+            else:
+                values[argument] = [t * factor for t in value]
+            values["op"] = c10d.ReduceOp.SUM
+
+        original = getattr(c10d, name, None)
+        if original is not None:
+            patcher.replace_in((c10d, dist), name, original, with_edited_arguments(original, edit))
+
+
 @patch_function("ddp", on_cuda=True, waits_for="torch.nn.parallel.distributed")
 def patch_ddp(target: Target, patcher: Patcher) -> None:
     """``DistributedDataParallel(model, device_ids=[local_rank], output_device=local_rank)``:

@@ -40,8 +40,11 @@ the helpers still running are waited for (:func:`join_helpers`, at most 5 s).
 
 Reductions: ``AVG`` runs as ``SUM`` followed by a division of the host result by the group size
 (bit-identical to gloo's own ``AVG`` where it has one; integer tensors fail as in gloo).
-``PREMUL_SUM`` (NCCL only: gloo rejects it) is refused at the call with a clear error: the
-operator hands over the reduce op without its factor.
+``PREMUL_SUM`` (NCCL has it, gloo and HCCL do not) reaches these kernels without its factor
+(the ``c10d`` operator hands over the reduce op alone), so it is refused here with a clear
+error; under activation the sim's ``torch.distributed.all_reduce`` and reduce-scatters run it
+before it gets here, as a multiply and a SUM (the ``premul_sum``
+patch), except under a profile of a chip whose library lacks it (Ascend's HCCL).
 
 Limits: ``monitored_barrier`` is refused by torch itself for any group whose backend is not
 plain ``"gloo"`` ("monitored_barrier is only implemented for GLOO backend"), so it is not
@@ -326,9 +329,12 @@ class _Staging:
         c10d = _c10d()
         kind = c10d.ReduceOp.RedOpType(reduce_op.op())
         if kind == c10d.ReduceOp.RedOpType.PREMUL_SUM:
+            names = ", ".join(sorted(_state["names"])) or "the sim's collectives"
             raise ValueError(
-                "ReduceOp.PREMUL_SUM is not supported by the sim's collectives (gloo has no "
-                "PREMUL_SUM); use ReduceOp.SUM and scale the tensor")
+                f"ReduceOp.PREMUL_SUM is not supported by {names} on {self.device.type} "
+                "tensors (a collective library without PREMUL_SUM, as gloo and HCCL; with "
+                "flagos_torchfl activated on the plain sim, torch.distributed's all_reduce and "
+                "reduce-scatters take it): use ReduceOp.SUM and scale the tensor")
         if kind == c10d.ReduceOp.RedOpType.AVG:
             self.divisor = size
             kind = c10d.ReduceOp.RedOpType.SUM

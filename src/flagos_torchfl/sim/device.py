@@ -4,6 +4,13 @@ Arguments named ``device`` accept an index, ``'sim:N'``, a ``torch.device`` or N
 device), as on ``torch.cuda``. Work on a sim device runs inline in the calling thread, so it has
 finished when a call returns: streams are always idle, synchronisation returns at once, and an
 event's time is the host time at which it was recorded.
+
+The devices initialise lazily, as CUDA's do: :func:`is_initialized` is False until their first
+use (a tensor on a device, a kernel, :func:`set_device`, :func:`synchronize`, a stream or event of
+the program's own, the RNG state, :func:`init`); queries (count, name, properties, memory
+figures) and seeding do not count. A child forked after its parent used them fails when it
+touches them, with the chip's own message; a child forked before, or one that never touches
+them, works.
 """
 from __future__ import annotations
 
@@ -18,7 +25,7 @@ from ..aten import dispatcher
 from . import runtime
 
 __all__ = [
-    "is_available", "is_initialized", "device_count", "current_device", "set_device", "device",
+    "is_available", "is_initialized", "init", "device_count", "current_device", "set_device", "device",
     "device_of", "synchronize", "get_device_name", "get_device_properties",
     "get_amp_supported_dtype", "is_bf16_supported",
     "manual_seed", "manual_seed_all", "seed", "seed_all", "initial_seed", "get_rng_state",
@@ -43,17 +50,26 @@ def is_available() -> bool:
 
 
 def is_initialized() -> bool:
-    """True once the sim is installed (it needs no further initialisation)."""
-    return runtime.device_count() > 0
+    """Whether the devices were used in this process (see the module's docstring); False in a
+    child forked after its parent used them."""
+    return runtime.in_use()
 
 
-def _lazy_init() -> None:
-    """Nothing to do: the sim is ready when installed (PyTorch calls this before first use)."""
+def init() -> None:
+    """Initialise the devices now (what their first use does); in a child forked after its
+    parent used them, raise the chip's error naming the 'spawn' start method."""
+    if not is_available():
+        raise RuntimeError(f"no {runtime.DEVICE_TYPE} device is installed")
+    runtime.begin_use()
+
+
+_lazy_init = init
+"""What PyTorch calls before it first uses a device module's devices."""
 
 
 def _is_in_bad_fork() -> bool:
-    """Always False: the sim's state is plain host memory, valid in a forked child."""
-    return False
+    """Whether this process was forked from one that had used the devices."""
+    return runtime.in_bad_fork()
 
 
 def device_count() -> int:
@@ -70,7 +86,9 @@ def set_device(device: Any) -> None:
     """Make ``device`` the calling thread's current sim device (a negative index is ignored)."""
     if isinstance(device, int) and device < 0:
         return
-    runtime.set_current_device(_index(device))
+    index = _index(device)
+    runtime.begin_use()
+    runtime.set_current_device(index)
 
 
 class device:
@@ -84,6 +102,7 @@ class device:
 
     def __enter__(self):
         if self.idx >= 0:
+            runtime.begin_use()
             self.prev_idx = runtime.current_device()
             runtime.set_current_device(self.idx)
         return self
@@ -104,6 +123,7 @@ class device_of(device):
 def synchronize(device: Any = None) -> None:
     """Wait for all work on ``device``: returns at once, since sim work runs inline."""
     _index(device)
+    runtime.begin_use()
 
 
 def get_device_name(device: Any = None) -> str:
@@ -199,13 +219,17 @@ def initial_seed() -> int:
 def get_rng_state(device: Any = None) -> torch.Tensor:
     """The state of ``device``'s generator (None: the current device): 16 bytes, seed then
     offset, as a CPU ByteTensor (see :class:`runtime.SimGenerator`)."""
-    return runtime.generator(_index(device)).get_state()
+    index = _index(device)
+    runtime.begin_use()
+    return runtime.generator(index).get_state()
 
 
 def set_rng_state(new_state: torch.Tensor, device: Any = None) -> None:
     """Restore ``device``'s generator (None: the current device) from a state returned by
     :func:`get_rng_state`."""
-    runtime.generator(_index(device)).set_state(new_state)
+    index = _index(device)
+    runtime.begin_use()
+    runtime.generator(index).set_state(new_state)
 
 
 def get_rng_state_all() -> list[torch.Tensor]:
@@ -279,7 +303,8 @@ class Stream:
     def __init__(self, device: Any = None, priority: int = 0, *, _stream_id: int | None = None):
         self.device = torch.device(runtime.DEVICE_TYPE, _index(device))
         self.priority = priority
-        if _stream_id is None:
+        if _stream_id is None:  # a stream of the program's own: a use of the device
+            runtime.begin_use()
             with Stream._ids_lock:
                 _stream_id = next(Stream._ids)
         self.stream_id = _stream_id
@@ -386,6 +411,7 @@ class Event:
     def record(self, stream: Stream | None = None) -> None:
         """Mark the event at the current host time on ``stream`` (default: the current one)."""
         stream = current_stream() if stream is None else stream
+        runtime.begin_use()
         self.device = stream.device
         self._time = time.perf_counter()
 

@@ -464,6 +464,7 @@ def set_observer(observer: Callable[[str, int], None] | None) -> None:
 
 def _observed(name: str, kernel: Callable) -> Callable:
     def run(*args, **kwargs):
+        runtime.begin_use()
         observer = _observer
         if observer is None:
             return kernel(*args, **kwargs)

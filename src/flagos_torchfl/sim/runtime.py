@@ -1,5 +1,6 @@
 """Process-wide state of the sim devices: how many, their allocators and random generators,
-and the current device of each thread."""
+the current device of each thread, and whether they were used (lazy initialisation, and the
+poisoned child of a ``fork`` after use)."""
 from __future__ import annotations
 
 import itertools
@@ -167,6 +168,45 @@ def sim_generator(gen: object) -> SimGenerator | None:
     if isinstance(gen, torch._C.Generator) and gen.device.type == "cpu":
         return _by_tag.get(torch._C.Generator.initial_seed(gen))
     return None
+
+
+_IDLE, _IN_USE, _BAD_FORK = "idle", "in use", "forked after use"
+_use = _IDLE
+"""Whether the devices were used in this process, as an accelerator's runtime initialises lazily:
+idle until first use, in use from then on; in a child forked from a process that had used them,
+poisoned (an accelerator's context does not survive ``fork``)."""
+
+
+def begin_use() -> None:
+    """Mark the devices used (what an accelerator's lazy initialisation does at first use); in a
+    child forked after its parent used them, raise the chip's error instead, naming the fix."""
+    global _use
+    if _use is not _IN_USE:
+        if _use is _BAD_FORK:
+            kind = DEVICE_TYPE.upper()
+            raise RuntimeError(
+                f"Cannot re-initialize {kind} in forked subprocess. To use {kind} with "
+                "multiprocessing, you must use the 'spawn' start method")
+        _use = _IN_USE
+
+
+def in_use() -> bool:
+    """Whether the devices were used in this process (and it is not a child forked after use)."""
+    return _use is _IN_USE
+
+
+def in_bad_fork() -> bool:
+    """Whether this process was forked from one that had used the devices."""
+    return _use is _BAD_FORK
+
+
+def _after_fork_in_child() -> None:
+    global _use
+    if _use is _IN_USE:
+        _use = _BAD_FORK
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def start(num_devices: int, memory_limit: int | None) -> None:

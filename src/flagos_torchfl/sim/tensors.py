@@ -57,7 +57,9 @@ class _Memory:
 
 
 def new_storage(nbytes: int, index: int) -> torch.UntypedStorage:
-    """A fresh sim storage of ``nbytes`` bytes on device ``index`` (contents undefined)."""
+    """A fresh sim storage of ``nbytes`` bytes on device ``index`` (contents undefined); the
+    devices' first use (:func:`runtime.begin_use`)."""
+    runtime.begin_use()
     alloc = runtime.allocator(index)
     block = alloc.allocate(nbytes)
     ptr = 0 if block is None else block.ptr

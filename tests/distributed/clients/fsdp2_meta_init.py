@@ -1,13 +1,19 @@
-"""The FSDP2 recipe of PyTorch's own example, written for CUDA: the model is built on the meta
-device, sharded with ``fully_shard``, materialised with ``to_empty(device="cuda")`` and initialised
-with ``reset_parameters()`` (DTensor random ops, which use the device generator's seed/offset
-state), trained, saved with torch.distributed.checkpoint, loaded into a fresh model and trained on.
-The same steps also run without the save/load in between, as the reference for the resume.
+"""PyTorch's official FSDP2 example (``distributed/FSDP2/example.py`` in pytorch/examples), call
+for call: the device named from ``torch.accelerator`` and never set by the program
+(``torch.accelerator.device_index(rank)`` without ``with`` does nothing: ``DeviceMesh`` sets it
+from ``LOCAL_RANK`` because the runtime is not initialised yet), the process group from
+``get_default_backend_for_device`` bound to the device, the model built on the meta device,
+sharded with ``fully_shard`` in bfloat16 mixed precision, materialised with ``to_empty`` and
+initialised with ``reset_parameters()`` (DTensor random ops, which use the device generator's
+seed/offset state), trained with gradient clipping, saved with torch.distributed.checkpoint, loaded
+into a fresh model and trained on. The same steps also run without the save/load in between, as
+the reference for the resume.
 
     torchrun --nproc_per_node=2 fsdp2_meta_init.py CKPT_DIR OUT_DIR
 
 Each rank writes ``OUT_DIR/fsdp2_meta_init.rank<r>.json``: losses with and without the resume,
-the full parameters after init, its own shard of the first weight, the RNG state's size.
+the full parameters after init, its own shard of the first weight, the RNG state's size, the
+current device index and the unsharded parameters' dtype.
 """
 import argparse
 import os
@@ -17,7 +23,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 import torch.nn as nn
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
-from torch.distributed.fsdp import fully_shard
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from leave import leave, write_record  # the clients folder is sys.path[0]
 
 
@@ -53,16 +59,24 @@ class Model(nn.Module):
         self.head.reset_parameters()
 
 
-def build():
+def build(device):
     torch.manual_seed(0)  # the same seed on every rank, as the example does
     with torch.device("meta"):
         model = Model()
+    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     for layer in model.layers:
-        fully_shard(layer)
-    fully_shard(model)
-    model.to_empty(device="cuda")
+        fully_shard(layer, mp_policy=policy)
+    fully_shard(model, mp_policy=policy)
+    model.to_empty(device=device)
     model.reset_parameters()
     return model, torch.optim.AdamW(model.parameters(), lr=1e-2, foreach=False)
+
+
+def unsharded_dtype(model):  # the example's inspect_mixed_precision, on the root's own group
+    model.unshard()
+    dtypes = {str(p.dtype) for p in model.head.parameters()}
+    model.reshard()
+    return sorted(dtypes)
 
 
 def train(model, optim, steps, start):
@@ -76,6 +90,7 @@ def train(model, optim, steps, start):
         loss = nn.functional.mse_loss(model(x), y)
         optim.zero_grad()
         loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=1.0)
         optim.step()
         losses.append(loss.item())
     return losses
@@ -87,10 +102,15 @@ def full(model):
 
 def main(args):
     rank = int(os.environ["LOCAL_RANK"])
-    torch.cuda.set_device(rank)
-    dist.init_process_group("nccl")
-    model, optim = build()
+    device_type = torch.accelerator.current_accelerator()
+    device = torch.device(f"{device_type}:{rank}")
+    torch.accelerator.device_index(rank)  # as the example: a context manager never entered
+    backend = dist.get_default_backend_for_device(device)
+    dist.init_process_group(backend=backend, device_id=device)
+    model, optim = build(device)
     record = {"rank": dist.get_rank(), "init_params": full(model),
+              "current_device": torch.accelerator.current_device_index(),
+              "unsharded_dtype": unsharded_dtype(model),
               "first_shard": model.layers[0].fc1.weight.to_local().detach().cpu().flatten().tolist(),
               "rng_state_bytes": torch.cuda.get_rng_state().numel(),
               "device": str(model.layers[0].fc1.weight.to_local().device)}
@@ -99,7 +119,7 @@ def main(args):
     dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=args.ckpt)
     straight = losses + train(model, optim, 2, 3)
 
-    fresh, fresh_optim = build()
+    fresh, fresh_optim = build(device)
     model_state, optim_state = get_state_dict(fresh, fresh_optim)
     state = {"model": model_state, "optim": optim_state}
     dcp.load(state, checkpoint_id=args.ckpt)
