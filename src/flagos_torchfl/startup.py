@@ -49,16 +49,8 @@ def activate_children(environ: MutableMapping[str, str] = os.environ) -> Callabl
     in code (``ft.init_backend``) does for ``multiprocessing`` spawn and forkserver workers,
     ``torch.multiprocessing.spawn`` and ``subprocess`` children. Returns the undo that gives
     both variables back the values they had."""
-    saved = {name: environ.get(name) for name in ("PYTHONPATH", "FL_ACTIVATE")}
+    undo = variables.restorer(environ, ("PYTHONPATH", "FL_ACTIVATE"))
     _hook_children(environ)
-
-    def undo() -> None:
-        for name, value in saved.items():
-            if value is None:
-                environ.pop(name, None)
-            else:
-                environ[name] = value
-
     return undo
 
 

@@ -207,6 +207,21 @@ def assign(environ: MutableMapping[str, str], name: str, value: str) -> None:
     environ[variable(name).name] = value
 
 
+def restorer(environ: MutableMapping[str, str], names) -> Callable[[], None]:
+    """The undo that gives each variable of ``names`` back the value it has in ``environ`` now
+    (unset again where it is unset now)."""
+    saved = {name: environ.get(name) for name in names}
+
+    def undo() -> None:
+        for name, value in saved.items():
+            if value is None:
+                environ.pop(name, None)
+            else:
+                environ[name] = value
+
+    return undo
+
+
 def settings_from_env(environ: Mapping[str, str] = os.environ) -> Dict[str, Any]:
     """Setting name -> validated value, for each setting an ``FL_*`` variable gives."""
     return {setting: read(name, environ) for setting, name in SETTING_VARIABLES.items()

@@ -369,6 +369,17 @@ class Backend:
         if wait is not None:
             wait(index)
 
+    def dynamo_device_interface(self) -> Optional[type]:
+        """Dynamo's ``DeviceInterface`` for this chip's device type where nothing else registers
+        one (torch registers CUDA's, XPU's, MPS's; torch_npu its own); None: none needed."""
+        return None
+
+    def runtime_python_modules(self) -> Tuple[str, ...]:
+        """The modules of Python code the chip's runtime runs from C++ (kernels, device guard,
+        allocator): ``torch.compile`` must run their frames as they are, never trace them, as it
+        cannot trace a chip's C++ kernels. Empty (the default): the runtime is C++."""
+        return ()
+
     def runs_premul_sum_at_entry(self) -> bool:
         """Whether ``ReduceOp.PREMUL_SUM(factor)`` reductions of this chip's tensors run at
         ``torch.distributed``'s entry points as a multiply by the factor and a SUM, because the

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Callable, Dict, List, MutableMapping, Optional, Sequence, Tuple
 
+from .. import variables
 from ..log import get_logger
 
 log = get_logger("backends")
@@ -106,16 +107,9 @@ def translate(rules: Sequence[Counterpart], environ: MutableMapping[str, str] = 
             log.info("%s=%s applied as %s=%s", name, environ[name], rule.target, value)
     if not changes:
         return None
-    saved = {name: environ.get(name) for name in (*changes, MARK)}
+    undo = variables.restorer(environ, (*changes, MARK))
     environ.update(changes)
     marks.update(changes)
     environ[MARK] = ";".join(f"{k}={v}" for k, v in sorted(marks.items()))
-
-    def undo() -> None:
-        for name, value in saved.items():
-            if value is None:
-                environ.pop(name, None)
-            else:
-                environ[name] = value
 
     return undo

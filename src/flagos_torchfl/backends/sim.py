@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 from types import MappingProxyType
-from typing import Any, FrozenSet, Mapping, Optional
+from typing import Any, FrozenSet, Mapping, Optional, Tuple
 
 from .. import variables
 from ..errors import BackendUnavailableError, ConfigError, PrivateUse1ClaimedError
@@ -169,6 +169,19 @@ class SimBackend(Backend):
         from ..sim import collectives
 
         collectives.register(torch._C._get_privateuse1_backend_name(), self.collective)
+
+    def dynamo_device_interface(self) -> Optional[type]:
+        """The sim's (``sim/inductor.py``): dynamo asks for it before Inductor first compiles."""
+        from ..sim import inductor
+
+        return inductor.interface_class()
+
+    def runtime_python_modules(self) -> Tuple[str, ...]:
+        """The sim's kernels, storages, allocator, device guard, collectives and device state:
+        PyTorch's C++ side calls them as a chip's runtime (``torch.sim``'s functions, which
+        programs call, are not among them: dynamo traces those as it does ``torch.cuda``'s)."""
+        return tuple(f"flagos_torchfl.sim.{name}" for name in (
+            "kernels", "tensors", "allocator", "registration", "collectives", "runtime", "torch_patches"))
 
     def runs_premul_sum_at_entry(self) -> bool:
         """True unless the chip the sim answers as lacks PREMUL_SUM (:attr:`collective_lacks`:

@@ -15,6 +15,7 @@ import contextlib
 import os
 from typing import Callable, Dict, Iterator, MutableMapping, Optional
 
+from .. import variables
 from ..log import get_logger
 
 log = get_logger("backends")
@@ -39,18 +40,11 @@ def translate(variable: Optional[str], environ: MutableMapping[str, str] = os.en
         return None  # the user's own mask
     if current == cuda_mask and marks.get(variable) == cuda_mask:
         return None
-    saved = {name: environ.get(name) for name in (variable, MARK)}
+    undo = variables.restorer(environ, (variable, MARK))
     environ[variable] = cuda_mask
     marks[variable] = cuda_mask
     environ[MARK] = ";".join(f"{k}={v}" for k, v in sorted(marks.items()))
     log.info("CUDA_VISIBLE_DEVICES=%s applied as %s", cuda_mask, variable)
-
-    def undo() -> None:
-        for name, value in saved.items():
-            if value is None:
-                environ.pop(name, None)
-            else:
-                environ[name] = value
 
     return undo
 

@@ -10,8 +10,10 @@ mode would not give — with one warning per device type naming the chip and the
 from __future__ import annotations
 
 import functools
+import importlib
+import types
 import warnings
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator
 
 import torch
 
@@ -110,3 +112,78 @@ def patch_compile_keeps_step_hooks(target: Target, patcher: Patcher) -> None:
 
     patcher.setattr(TorchPatcher, "patch", staticmethod(patch))
     rehook()
+
+
+def _code_objects(module: types.ModuleType) -> Iterator[types.CodeType]:
+    """Every code object defined in ``module``: its functions', its classes' methods' and
+    properties', and the nested ones in them (closures made at run time share these)."""
+    def nested(code: types.CodeType) -> Iterator[types.CodeType]:
+        yield code
+        for const in code.co_consts:
+            if isinstance(const, types.CodeType):
+                yield from nested(const)
+
+    def functions(namespace: dict) -> Iterator[Any]:
+        for value in namespace.values():
+            if isinstance(value, (staticmethod, classmethod)):
+                value = value.__func__
+            if isinstance(value, property):
+                yield from (f for f in (value.fget, value.fset, value.fdel) if f is not None)
+            elif isinstance(value, types.FunctionType):
+                yield value
+
+    for value in list(vars(module).values()):
+        if getattr(value, "__module__", None) != module.__name__:
+            continue
+        if isinstance(value, type):
+            found = functions(vars(value))
+        else:
+            found = functions({"": value})
+        for function in found:
+            yield from nested(function.__code__)
+
+
+@patch_function("compile_device_interface", waits_for="torch._dynamo.device_interface")
+def patch_compile_device_interface(target: Target, patcher: Patcher) -> None:
+    """Dynamo's device interface for the chip's device type, where the chip brings one that
+    nothing else registers (``Backend.dynamo_device_interface``: the sim's), as soon as dynamo
+    loads: ``get_interface_for_device`` answers before Inductor's first compilation (streams,
+    device properties and synchronisation inside compiled code ask it)."""
+    interface = target.chip.dynamo_device_interface()
+    if interface is None:
+        return
+    from torch._dynamo import device_interface
+
+    patcher.setitem(device_interface.device_interfaces, target.device_type, interface)
+
+
+@patch_function("compile_skips_runtime_frames", waits_for="torch._dynamo.eval_frame")
+def patch_compile_skips_runtime_frames(target: Target, patcher: Patcher) -> None:
+    """Dynamo runs the frames of the chip's Python runtime as they are
+    (``Backend.runtime_python_modules``: the sim's kernels, device guard, allocator...), as it
+    runs a chip's C++ kernels: torch calls them from C++ while compiled code runs, where dynamo
+    would otherwise trace each as a frame of the program (torchtitan's compiled
+    ``create_block_mask`` made it trace the sim's kernels to its recompile limit, and objects it
+    built while tracing failed in ``__del__``)."""
+    modules = target.chip.runtime_python_modules()
+    if not modules:
+        return
+    from torch._dynamo import eval_frame
+
+    codes = [code for name in modules for code in _code_objects(importlib.import_module(name))]
+    strategy = getattr(eval_frame, "set_code_exec_strategy", None)
+
+    def skip() -> None:
+        for code in codes:
+            eval_frame.skip_code(code)
+
+    def unskip() -> None:
+        if strategy is None:  # no way to take a mark back on this torch: the frames stay skipped
+            return
+        from torch._dynamo.types import FrameAction, FrameExecStrategy
+
+        default = FrameExecStrategy(FrameAction.DEFAULT, FrameAction.DEFAULT)
+        for code in codes:
+            strategy(code, default)
+
+    patcher.call(skip, unskip, "dynamo skips the chip runtime's frames")

@@ -280,6 +280,12 @@ class Patcher:
         self._log.append(("item", mapping, key, mapping.get(key, _MISSING)))
         mapping[key] = value
 
+    def call(self, change: Callable[[], None], undo: Callable[[], None], label: str) -> None:
+        """Run ``change()`` now and ``undo()`` when the patches are undone: a change that is no
+        attribute or item (dynamo's strategy for a code object)."""
+        change()
+        self._log.append(("call", undo, label, None))
+
     def set_module_class(self, module: types.ModuleType, cls: type) -> None:
         """Give ``module`` the ModuleType subclass ``cls``; undo restores its former class."""
         self._log.append(("class", module, None, type(module)))
@@ -376,5 +382,7 @@ def _restore(kind: str, owner: Any, key: Any, old: Any) -> None:
             owner.pop(key, None)
         else:
             owner[key] = old
+    elif kind == "call":
+        owner()
     else:
         owner.__class__ = old

@@ -185,6 +185,7 @@ def __getattr__(name: str) -> Any:
     from . import inductor
 
     if name in inductor.CODEGEN_NAMES:
+        inductor.register_device_interface()
         inductor.register_backend()
     raise AttributeError(f"module 'torch.{runtime.DEVICE_TYPE}' has no attribute {name!r}")
 

@@ -54,7 +54,7 @@ def register_device_interface() -> bool:
     register = getattr(device_interface, "register_interface_for_device", None)
     if register is None:
         return False
-    register(runtime.DEVICE_TYPE, _interface_class())
+    register(runtime.DEVICE_TYPE, interface_class())
     return True
 
 
@@ -203,7 +203,8 @@ def _wrapper(base: type) -> type:
 
 
 @functools.lru_cache(maxsize=None)
-def _interface_class() -> type:
+def interface_class() -> type:
+    """The sim's dynamo ``DeviceInterface`` (imports dynamo)."""
     from torch._dynamo.device_interface import DeviceInterface
 
     from . import device as module
