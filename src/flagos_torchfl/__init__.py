@@ -17,7 +17,7 @@ import torch as _torch  # noqa: E402
 
 from . import compat as _compat
 
-__version__ = "0.1.0"
+from .version import __version__  # noqa: E402
 try:
     _compat.check_torch(_torch.__version__)
 except ImportError as _exc:

@@ -6,14 +6,13 @@ import dataclasses
 import threading
 from typing import Any, Callable, List, Optional, Sequence, Tuple, Union
 
-from . import config, variables
+from . import active, config, variables
 from .errors import ActivationError, AlreadyInitializedError, ConfigError, suggestion
 from .log import get_logger
 from .selection import Selection, build_selection
 
 log = get_logger()
 _lock = threading.RLock()
-_current: Optional[Selection] = None
 #: True while the active selection was made by the launcher, not by the program's own code
 _from_launcher = False
 _undo: List[Tuple[str, Callable[[], None]]] = []
@@ -62,9 +61,9 @@ def _activate_precision(selection: Selection) -> Optional[Callable[[], None]]:
 def _publish_for_children(selection: Selection) -> Optional[Callable[[], None]]:
     """Children started from now on activate as this process: its activation published, and
     the start-up hook handed down (as ``run`` hands it to its program)."""
-    from . import inherit, startup
+    from . import inherit
 
-    undo_hook = startup.activate_children()
+    undo_hook = inherit.activate_children()
     undo_record = inherit.publish(selection)
 
     def undo() -> None:
@@ -153,20 +152,20 @@ def init_backend(
     global _from_launcher
     with _lock:
         selection = build_selection(backend, code)
-        if _current is not None and _from_launcher:
+        if active.current() is not None and _from_launcher:
             # the program's own init_backend call refines what the launcher activated
             _from_launcher = False
-            if not _current.same_request(selection):
+            if not active.current().same_request(selection):
                 log.info("init_backend in code re-activates %s with its own settings", selection.backend)
                 _change_active(selection, keep_launcher_mark=True)
-            return _current
-        if _current is not None:
-            if _current.same_request(selection):
-                return _current
-            change = (f"switch to {selection.backend!r}" if selection.backend != _current.backend
+            return active.current()
+        if active.current() is not None:
+            if active.current().same_request(selection):
+                return active.current()
+            change = (f"switch to {selection.backend!r}" if selection.backend != active.current().backend
                       else "change them")
             raise AlreadyInitializedError(
-                f"backend {_current.backend!r} is already active with devices {list(_current.devices)} "
+                f"backend {active.current().backend!r} is already active with devices {list(active.current().devices)} "
                 f"and other settings; call ft.deactivate() first to {change}"
             )
         _activate(selection)
@@ -191,28 +190,28 @@ def activate_for_launcher() -> Selection:
         selection = inherit.inherited_selection()
         if selection is None:
             selection = auto_select_backend()
-        elif _current is None:
+        elif active.current() is None:
             _activate(selection)
         else:
             _change_active(selection)
         _from_launcher = True
-        return _current
+        return active.current()
 
 
 def current_backend() -> Optional[Selection]:
     """The active selection, or None."""
-    return _current
+    return active.current()
 
 
 def deactivate() -> None:
     """Undo every activation step in reverse order; afterwards no backend is active. Raises
     ActivationError (after undoing all it can) if a step could not be undone."""
-    global _current, _from_launcher
+    global _from_launcher
     with _lock:
         _from_launcher = False
         errors = _undo_all(_undo)
         _undo.clear()
-        _current = None
+        active.set_current(None)
         if errors:
             raise ActivationError("deactivation left work undone: " + "; ".join(errors))
 
@@ -230,7 +229,6 @@ def _undo_all(steps: List[Tuple[str, Callable[[], None]]]) -> List[str]:
 
 
 def _activate(selection: Selection) -> None:
-    global _current
     done: List[Tuple[str, Callable[[], None]]] = []
     try:
         for name, step in ACTIVATION_STEPS:
@@ -241,14 +239,14 @@ def _activate(selection: Selection) -> None:
         _undo_all(done)
         raise
     _undo.extend(done)
-    _current = selection
+    active.set_current(selection)
     log.info("backend %s active (%s): devices %s", selection.backend, selection.reason, list(selection.devices))
 
 
 def _change_active(selection: Selection, keep_launcher_mark: bool = False) -> None:
     """Make ``selection`` the active one: in place when only assignable settings differ (see
     :data:`SETTING_UPDATES`), else by re-activation."""
-    if _differs_in_settings_only(_current, selection):
+    if _differs_in_settings_only(active.current(), selection):
         _update_active(selection)
     else:
         _replace_active(selection, keep_launcher_mark)
@@ -264,8 +262,7 @@ def _update_active(selection: Selection) -> None:
     """Apply a change of assignable settings to every activation step in place, then make
     ``selection`` current; a step that raises is left as it was and the ones already updated
     are put back, then the error is raised."""
-    global _current
-    old, done = _current, []
+    old, done = active.current(), []
     try:
         for name, _ in ACTIVATION_STEPS:
             SETTING_UPDATES[name](old, selection)
@@ -277,14 +274,14 @@ def _update_active(selection: Selection) -> None:
             except Exception as exc:
                 log.error("restoring step %s after a failed settings change failed: %s", name, exc)
         raise
-    _current = selection
+    active.set_current(selection)
 
 
 def _replace_active(selection: Selection, keep_launcher_mark: bool = False) -> None:
     """Re-activate with ``selection`` in place of the active one; if that fails, the previous
     selection is activated again and the error raised: the process never runs unactivated."""
     global _from_launcher
-    previous, was_launcher = _current, _from_launcher
+    previous, was_launcher = active.current(), _from_launcher
     deactivate()
     try:
         _activate(selection)
@@ -297,8 +294,8 @@ def _replace_active(selection: Selection, keep_launcher_mark: bool = False) -> N
 
 def get_setting(name: str) -> Any:
     """The current value of an assignable setting (active selection first, then assignments)."""
-    if _current is not None:
-        return getattr(_current.settings, name)
+    if active.current() is not None:
+        return getattr(active.current().settings, name)
     return _assigned.get(name, getattr(config.Settings(), name))
 
 
@@ -318,11 +315,11 @@ def set_setting(name: str, value: Any) -> None:
             _assigned[name] = new
             log.info("%s=%s overrides ft.%s = %r", variable, variables.raw(variable), name, value)
             return
-        if _current is not None and getattr(_current.settings, name) != new:
+        if active.current() is not None and getattr(active.current().settings, name) != new:
             from .selection import check_memory_limit
 
-            settings = dataclasses.replace(_current.settings, **{name: new})
-            changed = dataclasses.replace(_current, settings=settings)
+            settings = dataclasses.replace(active.current().settings, **{name: new})
+            changed = dataclasses.replace(active.current(), settings=settings)
             check_memory_limit(changed)
             _change_active(changed)
         _assigned[name] = new

@@ -27,9 +27,10 @@ from typing import Any, BinaryIO, Dict, Optional
 
 import torch
 
-from . import atomic_file, checkpoint_files as files
+from . import active, atomic_file, checkpoint_files as files
 from .checkpoint_files import END_RECORD, END_SIGNATURE
 from .errors import CheckpointError
+from .version import __version__
 
 RECORD = "flagos_torchfl.json"
 FORMAT = 1
@@ -112,10 +113,7 @@ class _CommentedArchive:
 
 def metadata(obj: Any) -> Dict[str, Any]:
     """The record :func:`save` writes for ``obj`` in this process."""
-    from . import __version__
-    from .api import current_backend
-
-    selection = current_backend()
+    selection = active.current()
     return {
         "format": FORMAT,
         "backend": selection.backend if selection is not None else None,
@@ -142,9 +140,7 @@ def load(f: Any, map_location: Any = None, **kwargs: Any) -> Any:
     that is not a sound checkpoint, raises :class:`CheckpointError` naming the file and its fault
     (torch's exception chained); any other failure (a refused pickle, an unknown device) is
     torch's own."""
-    from .api import current_backend
-
-    if map_location is None and current_backend() is None:
+    if map_location is None and active.current() is None:
         map_location = _restorable_here
     position = files.position(f)
     try:

@@ -6,7 +6,7 @@ the backend, the devices (physical indices), every setting, the probe result, an
 device-related environment it was made in. Deactivation restores the previous value. Python
 children read it as they activate (``bootstrap/sitecustomize.py``, which ``run`` hands to its
 program and activation in code to the children started after it:
-``startup.activate_children``). A child activates from it:
+:func:`activate_children`). A child activates from it:
 
 - with the environment unchanged, exactly the same way, probing nothing (not even a vendor
   tool); only the vendor plugin is imported;
@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 from typing import Any, Callable, Dict, Mapping, MutableMapping, Optional
 
 from . import variables
@@ -26,8 +27,30 @@ from .backends import DeviceInfo, ProbeResult, registry
 from .errors import ConfigError
 
 RECORD = "FL_PARENT_ACTIVATION"
+#: folder holding the ``sitecustomize.py`` that activates child interpreters
+BOOTSTRAP_DIR = str(Path(__file__).resolve().parent / "bootstrap")
 #: device variables besides the ``FL_*`` ones and each backend's visible-devices variable
 DEVICE_VARIABLES = ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "LOCAL_WORLD_SIZE")
+
+
+def hook_children(environ: MutableMapping[str, str]) -> None:
+    """Put :data:`BOOTSTRAP_DIR` first on ``environ``'s ``PYTHONPATH`` and set ``FL_ACTIVATE=1``:
+    every Python child started with ``environ`` activates after it imports torch."""
+    paths = [p for p in environ.get("PYTHONPATH", "").split(os.pathsep) if p and p != BOOTSTRAP_DIR]
+    environ["PYTHONPATH"] = os.pathsep.join([BOOTSTRAP_DIR, *paths])
+    variables.assign(environ, "FL_ACTIVATE", "1")
+
+
+def activate_children(environ: MutableMapping[str, str] = os.environ) -> Callable[[], None]:
+    """Make the Python children this process starts from now on activate as it is activated,
+    as ``run`` makes its program's (:data:`BOOTSTRAP_DIR` first on ``PYTHONPATH``,
+    ``FL_ACTIVATE=1``; they inherit the activation :mod:`.inherit` publishes): what activation
+    in code (``ft.init_backend``) does for ``multiprocessing`` spawn and forkserver workers,
+    ``torch.multiprocessing.spawn`` and ``subprocess`` children. Returns the undo that gives
+    both variables back the values they had."""
+    undo = variables.restorer(environ, ("PYTHONPATH", "FL_ACTIVATE"))
+    hook_children(environ)
+    return undo
 
 
 def fingerprint(environ: Mapping[str, str] = os.environ) -> Dict[str, Optional[str]]:

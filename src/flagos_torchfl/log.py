@@ -5,8 +5,13 @@ import logging
 import os
 import sys
 
+from .errors import ConfigError, suggestion
+
 LOGGER_NAME = "flagos_torchfl"
 LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+#: the variable naming the level (declared with the others in :mod:`.variables`, which parses it
+#: with :func:`parse_level`; read here, where the logger is made)
+LEVEL_VARIABLE = "FL_LOG_LEVEL"
 
 
 class _StderrHandler(logging.StreamHandler):
@@ -21,10 +26,8 @@ class _StderrHandler(logging.StreamHandler):
         pass
 
 
-def parse_level(text: str, what: str = "FL_LOG_LEVEL") -> str:
+def parse_level(text: str, what: str = LEVEL_VARIABLE) -> str:
     """A level name (any case) or number, as an upper-case string; ConfigError otherwise."""
-    from .errors import ConfigError, suggestion
-
     level = str(text).strip().upper()
     if level in LEVELS or (level.isascii() and level.isdigit()):
         return level
@@ -35,11 +38,9 @@ def parse_level(text: str, what: str = "FL_LOG_LEVEL") -> str:
 def level_from_env(environ=os.environ) -> int:
     """The level named by ``FL_LOG_LEVEL`` (a name or a number); WARNING when unset, and when
     invalid (after saying so once on stderr: the logger must exist before anything can raise)."""
-    from .errors import ConfigError
-    from .variables import read
-
+    text = environ.get(LEVEL_VARIABLE, "").strip()
     try:
-        level = read("FL_LOG_LEVEL", environ)
+        level = parse_level(text) if text else None
     except ConfigError as exc:
         print(f"[flagos_torchfl] WARNING {exc}; using WARNING", file=sys.stderr)
         return logging.WARNING

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable, List, Optional
 
-from . import variables
+from . import active, variables
 from .backends.memory import NotApplied
 from .config import format_bytes
 from .log import get_logger
@@ -63,9 +63,7 @@ class Defrag:
 
 
 def _active():
-    from .api import current_backend
-
-    selection = current_backend()
+    selection = active.current()
     if selection is None:
         raise RuntimeError("no backend is active: call ft.init_backend() or ft.auto_select_backend() first")
     return selection
@@ -209,9 +207,7 @@ def oom_advice(selection, stats: MemoryStats) -> str:
 def add_oom_note(exc: BaseException) -> None:
     """Attach :func:`oom_advice` for the active backend to an out-of-memory error as a note
     (shown with its traceback; the type stays ``torch.OutOfMemoryError``)."""
-    from .api import current_backend
-
-    selection = current_backend()
+    selection = active.current()
     if selection is None or not hasattr(exc, "add_note"):
         return
     try:

@@ -222,7 +222,7 @@ def assemble(name: str, source: str, why: str, result: ProbeResult, merged: conf
     limit against the devices' memory."""
     family = registry().get(name)
     options = family.options(environ)
-    chip = family.variant(options)
+    chip = registry().variant(family, options)
     if chip is not family:  # a variant (a sim profile) answers for its own devices
         result = chip.probe(count_ops=False)
         if not result.available:

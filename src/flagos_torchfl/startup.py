@@ -1,5 +1,4 @@
-"""Activation of the processes the launcher starts, and of all their Python children (and of
-the children of a program activated in code: :func:`activate_children`).
+"""Activation of the processes the launcher starts, and of all their Python children.
 
 ``python -m flagos_torchfl run`` prepares its environment with :func:`prepare_environment`;
 every child process inherits it:
@@ -23,35 +22,15 @@ import atexit
 import importlib.util
 import os
 import sys
-from pathlib import Path
-from typing import Callable, MutableMapping, Optional, Sequence, Union
+from typing import MutableMapping, Optional, Sequence, Union
 
 from . import variables
+from .inherit import BOOTSTRAP_DIR, hook_children
 from .log import get_logger
 
 log = get_logger("launcher")
 
-#: folder holding the ``sitecustomize.py`` that activates child interpreters
-BOOTSTRAP_DIR = str(Path(__file__).resolve().parent / "bootstrap")
 REPORT_MODULE = "flagos_torchfl.routing.report"
-
-
-def _hook_children(environ: MutableMapping[str, str]) -> None:
-    paths = [p for p in environ.get("PYTHONPATH", "").split(os.pathsep) if p and p != BOOTSTRAP_DIR]
-    environ["PYTHONPATH"] = os.pathsep.join([BOOTSTRAP_DIR, *paths])
-    variables.assign(environ, "FL_ACTIVATE", "1")
-
-
-def activate_children(environ: MutableMapping[str, str] = os.environ) -> Callable[[], None]:
-    """Make the Python children this process starts from now on activate as it is activated,
-    as ``run`` makes its program's (:data:`BOOTSTRAP_DIR` first on ``PYTHONPATH``,
-    ``FL_ACTIVATE=1``; they inherit the activation :mod:`.inherit` publishes): what activation
-    in code (``ft.init_backend``) does for ``multiprocessing`` spawn and forkserver workers,
-    ``torch.multiprocessing.spawn`` and ``subprocess`` children. Returns the undo that gives
-    both variables back the values they had."""
-    undo = variables.restorer(environ, ("PYTHONPATH", "FL_ACTIVATE"))
-    _hook_children(environ)
-    return undo
 
 
 def prepare_environment(
@@ -65,7 +44,7 @@ def prepare_environment(
     """Set in ``environ`` (and return it) the variables that make the launched program and every
     Python child it starts activate: ``backends`` are canonical names and ``profile`` a sim
     profile, already validated; ``report``: True (text) or ``"json"``."""
-    _hook_children(environ)
+    hook_children(environ)
     if backends:
         variables.assign(environ, "FL_BACKEND", ",".join(backends))
         variables.assign(environ, "FL_BACKEND_FROM_LAUNCHER", "1")

@@ -11,7 +11,7 @@ from importlib import resources
 import pytest
 
 from flagos_torchfl.backends import environment, registry
-from flagos_torchfl.backends.profile import profile_backend
+from flagos_torchfl.backends import registry
 
 
 def rules(chip: str):
@@ -73,7 +73,7 @@ def test_each_chip_s_rules_are_its_backend_s_and_every_rule_names_its_source():
     for chip in data["chips"]:
         backend = registry().get(chip)
         assert backend.cuda_environment() == rules(chip) and rules(chip)
-        assert profile_backend(chip).cuda_environment() == rules(chip)  # the profile's are its chip's
+        assert registry().profile(chip).cuda_environment() == rules(chip)  # the profile's are its chip's
         for rule in rules(chip):
             assert rule.source and rule.value in ("same", "zero_or_one", "bytes_to_mib")
             assert all(name.startswith(("NCCL_", "TORCH_NCCL_", "CUDA_")) for name in rule.sources)

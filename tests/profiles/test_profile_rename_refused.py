@@ -23,10 +23,10 @@ def taken():
 
 
 def test_the_profile_says_why_the_device_stays_sim(taken):
-    from flagos_torchfl.backends.profile import profile_backend
+    from flagos_torchfl.backends import registry
     from flagos_torchfl.cli import detect
 
-    profile = profile_backend("ascend")
+    profile = registry().profile("ascend")
     assert profile.rename_problem == "torch.npu already exists (another_npu_runtime)"
     assert profile.device_type == "sim" and profile.collective == "hccl"
     row = {r["profile"]: r for r in detect.sim_profiles()}["ascend"]

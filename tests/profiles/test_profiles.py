@@ -9,7 +9,9 @@ import torch
 
 from flagos_torchfl.aten import dispatcher
 from flagos_torchfl.backends import chip_models, get_backend, op_tables
-from flagos_torchfl.backends.profile import ProfileBackend, known_table_ops, native_set, profile_backend, profiles
+from flagos_torchfl.backends import registry
+from flagos_torchfl.backends.profile import ProfileBackend
+from flagos_torchfl.backends.profile_specs import known_table_ops, native_set, profiles
 from flagos_torchfl.errors import ConfigError
 from flagos_torchfl.routing import budget, plan
 from flagos_torchfl.routing.gaps import resolve_gaps
@@ -30,9 +32,9 @@ def env(monkeypatch):
 
 
 def test_a_model_brings_its_traits_and_the_chip_alone_is_its_default_model():
-    default, old = profile_backend("ascend"), profile_backend("ascend:910a")
+    default, old = registry().profile("ascend"), registry().profile("ascend:910a")
     assert default.model is chip_models.default_model("ascend") and default.model.name == "910b"
-    assert profile_backend("ascend:910b").model == default.model
+    assert registry().profile("ascend:910b").model == default.model
     assert (old.model.device_name, old.model.memory, old.model.bfloat16) == ("Ascend910A", 32 << 30, False)
     assert old.probe().devices[0].name == "Ascend910A (flagos sim)" and old.probe().devices[0].total_memory == 32 << 30
     assert old.supports_bfloat16() is False and default.supports_bfloat16() is True
@@ -59,14 +61,14 @@ def test_an_unknown_model_names_the_closest_and_the_valid_ones(env, spec, messag
 def test_a_model_selected_in_the_environment_is_the_selection_s_chip(env):
     env.setenv("FL_SIM_PROFILE", "ascend:910a")
     selection = build_selection("sim", {})
-    assert selection.chip is profile_backend("ascend:910a") and selection.chip.model.name == "910a"
+    assert selection.chip is registry().profile("ascend:910a") and selection.chip.model.name == "910a"
     assert selection.probe.devices[0].name == "Ascend910A (flagos sim)"
     assert selection.options["native_ops"] == native_set("ascend")
 
 
 @pytest.mark.parametrize("name", CHIPS)
 def test_each_profile_loads_with_the_chips_own_answers(name):
-    chip, profile = get_backend(name), profile_backend(name)
+    chip, profile = get_backend(name), registry().profile(name)
     assert isinstance(profile, ProfileBackend) and profile.chip is chip
     for trait in ("device_type", "collective", "low_precision_dtype", "supports_float64",
                   "visible_devices_env", "kernel_libraries"):
@@ -85,7 +87,7 @@ def test_each_profile_loads_with_the_chips_own_answers(name):
 
 def test_chips_without_float64_get_a_float64_gap_on_compute_but_not_on_copies():
     assert [get_backend(c).supports_float64 for c in CHIPS] == [False, False, False]
-    profile = profile_backend("ascend")
+    profile = registry().profile("ascend")
     native = native_set("ascend")
     gaps = resolve_gaps(profile.dtype_gaps, native)
     assert "aten::mm" in gaps and "aten::addmm" in gaps
@@ -101,7 +103,7 @@ def test_out_only_entries_serve_the_functional_through_pytorchs_structured_kerne
     assert dispatcher.out_delegate("aten::gelu") == "aten::gelu.out"
     assert dispatcher.out_delegate("aten::scatter_.src") == "aten::scatter.src_out"
     assert dispatcher.out_delegate("aten::relu") is None
-    routes = {r["op"]: r["route"] for r in plan.plan(profile_backend("ascend"), native)}
+    routes = {r["op"]: r["route"] for r in plan.plan(registry().profile("ascend"), native)}
     assert routes["aten::gelu.out"] == "native" and "aten::gelu" not in routes
 
 
@@ -109,7 +111,7 @@ def test_selection_takes_the_profile_and_the_chips_visible_devices_variable(env)
     env.setenv("FL_SIM_PROFILE", "ascend")
     env.setenv("CUDA_VISIBLE_DEVICES", "2,3")  # copied to ASCEND_RT_VISIBLE_DEVICES, as on the chip
     selection = build_selection("sim", {})
-    assert selection.chip is profile_backend("ascend") and selection.backend == "sim"
+    assert selection.chip is registry().profile("ascend") and selection.backend == "sim"
     assert (selection.device_type, selection.collective, selection.low_precision_dtype) == ("npu", "hccl", "float16")
     assert selection.devices == (0, 1)
     assert selection.probe.devices[0].name == "Ascend910B1 (flagos sim)"

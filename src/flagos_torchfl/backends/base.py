@@ -283,10 +283,10 @@ class Backend:
         made (and compared by ``Selection.same_request``); raises ConfigError. Default: none."""
         return MappingProxyType({})
 
-    def variant(self, options: Mapping[str, Any]) -> "Backend":
-        """The backend that serves ``options`` (what :meth:`options` returned): this one, unless
-        an option selects a variant of it (sim's ``FL_SIM_PROFILE`` selects a chip profile)."""
-        return self
+    def profile_named(self, options: Mapping[str, Any]) -> Optional[str]:
+        """The sim profile ``options`` (what :meth:`options` returned) select, which then serves
+        them (``Registry.variant``); None (the default): this backend serves them."""
+        return None
 
     def observe_native_calls(self, observer: Callable[[str, int], None]) -> Optional[Callable[[], None]]:
         """Call ``observer(overload, nanoseconds)`` after each native operator call when the chip

@@ -22,14 +22,14 @@ common part's name and memory per device. Only the runtime is the sim's.
 """
 from __future__ import annotations
 
-import functools
 import os
 from types import MappingProxyType
-from typing import Dict, FrozenSet, List, Mapping, Optional, Tuple
+from typing import Dict, List, Mapping, Optional, Tuple
 
 from .. import variables
-from ..errors import ConfigError, suggestion
+from ..errors import ConfigError
 from . import chip_models, op_tables
+from .profile_specs import native_set, rename_problem
 from . import visible as _visible
 from .base import Backend, DeviceInfo, ProbeResult
 from .cpu import logical_device_count
@@ -42,64 +42,6 @@ MEMORY_ONLY = frozenset({
     "empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "zeros", "zeros_like",
     "new_zeros", "ones", "ones_like", "new_ones", "full", "full_like", "new_full", "scalar_tensor",
 })
-
-
-def profiles() -> List[str]:
-    """Names of the chips that have a profile (those with an operator table), sorted."""
-    return op_tables.available()
-
-
-def check_profile(name: str, source: str = "FL_SIM_PROFILE") -> str:
-    """``name`` if it names a profile — a chip (``ascend``) or one of its models
-    (``ascend:910a``); ConfigError naming ``source``, the closest and the valid choices
-    otherwise."""
-    chip, _, model = name.partition(":")
-    valid = profiles()
-    if chip not in valid:
-        raise ConfigError(f"{source} {name!r} is not a sim profile.{suggestion(chip, valid)} "
-                          f"Valid: {', '.join(valid)} (or CHIP:MODEL: {', '.join(model_specs())})")
-    if model:
-        chip_models.model(chip, model, source)
-    return name
-
-
-def model_specs() -> List[str]:
-    """``chip:model`` for every model of every profile's chip."""
-    return [m.spec for chip in profiles() for m in chip_models.all_models().get(chip, ())]
-
-
-def rename_problem(device_type: str) -> Optional[str]:
-    """Why the sim could not take ``device_type`` as its device type name in this process
-    (None: it can)."""
-    from ..sim.registration import rename_problem as problem
-
-    return problem(device_type)
-
-
-@functools.lru_cache(maxsize=None)
-def known_table_ops(chip: str) -> Tuple[FrozenSet[str], Tuple[str, ...]]:
-    """(the table's dense overloads this torch knows, those it does not). Tables are checked
-    against the torch release that wrote them; another release may lack some names."""
-    from ..aten.dispatcher import overloads_by_packet
-
-    table = op_tables.load(chip)
-    packets = overloads_by_packet()
-    known, missing = set(), []
-    for name in table.dense_ops:
-        packet = name[len("aten::"):].partition(".")[0]
-        (known.add(name) if name in packets.get(packet, ()) else missing.append(name))
-    return frozenset(known), tuple(sorted(missing))
-
-
-def native_set(profile: str) -> FrozenSet[str]:
-    """The overloads the sim runs natively under ``profile`` (a chip, or ``chip:model``: every
-    model of a chip has its table): the table's, less those the sim cannot give a kernel
-    (CompositeImplicitAutograd ones decompose on every backend), plus the runtime primitives
-    every device runtime has."""
-    from ..sim.native_ops import can_run_natively, runtime_primitive_names
-
-    known, _ = known_table_ops(profile.partition(":")[0])
-    return frozenset(n for n in known if can_run_natively(n)) | runtime_primitive_names()
 
 
 class ProfileBackend(SimBackend):
@@ -210,14 +152,3 @@ class ProfileBackend(SimBackend):
     def describe(self) -> dict:
         return {**super().describe(), "profile": self.profile, "model": self.model.name,
                 "table": dict(self.table.source), "rename_problem": self.rename_problem}
-
-
-@functools.lru_cache(maxsize=None)
-def profile_backend(name: str) -> ProfileBackend:
-    """The profile ``name`` names: a chip (its default model) or ``chip:model`` (one instance
-    per name and process)."""
-    from .registry import registry
-
-    chip, _, model = check_profile(name).partition(":")
-    found = chip_models.model(chip, model) if model else chip_models.default_model(chip)
-    return ProfileBackend(registry().get(chip), found)

@@ -4,16 +4,19 @@ subclass or instance)."""
 from __future__ import annotations
 
 import threading
-from typing import Dict, List, Union
+from typing import Any, Dict, List, Mapping, Union
 
 from ..errors import ConfigError, UnknownBackendError
 from .ascend import AscendBackend
 from .base import Backend
+from . import chip_models
 from .cambricon import CambriconBackend
 from .cpu import CpuBackend
 from .cuda import CudaBackend
 from .mps import MpsBackend
 from .mthreads import MThreadsBackend
+from .profile import ProfileBackend
+from .profile_specs import check_profile
 from .rocm import RocmBackend
 from .sim import SimBackend
 from .xpu import XpuBackend
@@ -34,6 +37,7 @@ class Registry:
         #: entry points that failed to load: name -> reason
         self.load_errors: Dict[str, str] = {}
         self._entry_points_pending = load_entry_points
+        self._profiles: Dict[str, ProfileBackend] = {}
         self._lock = threading.RLock()
         for cls in BUILTIN:
             self.register(cls())
@@ -55,6 +59,26 @@ class Registry:
             for alias in backend.aliases:
                 self._aliases[alias] = backend.name
         return backend
+
+    def profile(self, name: str) -> ProfileBackend:
+        """The sim profile ``name`` names: the sim answering as the registered chip ``name``
+        (its default model) or ``chip:model``; one instance per name. ConfigError for a name
+        that is no profile (the closest and the valid ones named)."""
+        spec = check_profile(name)
+        with self._lock:
+            found = self._profiles.get(spec)
+            if found is None:
+                chip, _, model = spec.partition(":")
+                model_found = chip_models.model(chip, model) if model else chip_models.default_model(chip)
+                found = self._profiles[spec] = ProfileBackend(self.get(chip), model_found)
+            return found
+
+    def variant(self, family: Backend, options: Mapping[str, Any]) -> Backend:
+        """The backend serving ``family``'s ``options`` (what its ``options()`` returned): the
+        profile they name (``Backend.profile_named``: the sim's ``FL_SIM_PROFILE``), else
+        ``family`` itself."""
+        name = family.profile_named(options)
+        return self.profile(name) if name else family
 
     def _load_entry_points(self) -> None:
         with self._lock:

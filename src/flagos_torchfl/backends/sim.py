@@ -66,7 +66,7 @@ class SimBackend(Backend):
         memory = variables.read("FL_SIM_DEVICE_MEMORY", environ)
         native = None
         if profile is not None:
-            from .profile import check_profile, native_set
+            from .profile_specs import check_profile, native_set
 
             profile = check_profile(profile.strip().lower())  # a chip, or chip:model
             if spec is not None:
@@ -80,13 +80,9 @@ class SimBackend(Backend):
             native = sim.parse_native_ops(spec, resolve_name=names.resolve_semantic)
         return MappingProxyType({"native_ops": native, "profile": profile, "device_memory": memory})
 
-    def variant(self, options: Mapping[str, Any]) -> Backend:
-        """The chip profile ``options`` select (:mod:`.profile`), else this backend."""
-        if not options.get("profile"):
-            return self
-        from .profile import profile_backend
-
-        return profile_backend(options["profile"])
+    def profile_named(self, options: Mapping[str, Any]) -> Optional[str]:
+        """The chip profile ``FL_SIM_PROFILE`` names (:mod:`.profile`), or None."""
+        return options.get("profile") or None
 
     def device_memory(self, options: Mapping[str, Any]) -> Optional[int]:
         """Bytes per device the sim enforces when no memory limit is set (None: the sim's

@@ -45,12 +45,12 @@ def collect() -> dict:
 def sim_profiles() -> list:
     """One row per sim profile (``FL_SIM_PROFILE``): the chip's table and the traits it brings,
     and whether the simulated device can take the chip's device type name in this process."""
-    from ..backends import chip_models
-    from ..backends.profile import native_set, profile_backend, profiles
+    from ..backends import chip_models, registry
+    from ..backends.profile_specs import native_set, profiles
 
     rows = []
     for name in profiles():
-        backend = profile_backend(name)
+        backend = registry().profile(name)
         source = backend.table.source
         rows.append({
             "profile": name, "table": f"{source.get('package') or source.get('repository')} "

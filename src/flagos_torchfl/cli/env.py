@@ -8,7 +8,8 @@ import sys
 from importlib import metadata
 from typing import List, Mapping
 
-from .. import __version__, variables
+from .. import variables
+from ..version import __version__
 from ..backends import registry
 from ..errors import suggestion
 from . import detect

@@ -21,7 +21,7 @@ import subprocess
 import sys
 import time
 
-from .. import __version__
+from ..version import __version__
 from ..backends import registry
 from ..errors import ConfigError
 from ..k8s import emit, labels, manifests, pools

@@ -55,9 +55,10 @@ def run(args) -> int:
         if args.diff:
             return _diff(args)
         if args.profile:
-            from ..backends.profile import check_profile, native_set, profile_backend
+            from ..backends import registry
+            from ..backends.profile_specs import check_profile, native_set
 
-            backend = profile_backend(check_profile(args.profile.strip().lower(), "--profile"))
+            backend = registry().profile(check_profile(args.profile.strip().lower(), "--profile"))
             native = native_set(backend.profile)
         else:
             backend = get_backend(args.backend)
@@ -109,7 +110,7 @@ def _operator_table(name: str):
     import torch
 
     from ..aten.dispatcher import native_set
-    from ..backends.profile import known_table_ops, profiles
+    from ..backends.profile_specs import known_table_ops, profiles
     from ..errors import ConfigError
     from ..routing import plan
 

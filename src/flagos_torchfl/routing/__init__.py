@@ -8,22 +8,14 @@ activation steps call :func:`activate` with the selection).
 """
 from __future__ import annotations
 
-import threading
 from typing import Callable, Dict, Optional
 
-_lock = threading.Lock()
-_active = None
-#: the census (native calls, optimizer steps) of the active router, for the verdict
-_census = None
+from .state import active_router, current_verdict, lock as _lock, set_active
+
 #: overrides loaded with :func:`load_routing_config`, and those the active selection read from
 #: the environment (which win)
 _loaded: Dict[str, tuple] = {}
 _from_environment: Dict[str, tuple] = {}
-
-
-def active_router():
-    """The router of the active backend, or None."""
-    return _active
 
 
 def build_policy(chip, options, overrides):
@@ -45,7 +37,6 @@ def activate(selection) -> Optional[Callable[[], None]]:
     """Activation step: route the selected chip's missing operators; returns the undo (None
     when the chip runs every operator). A census counts the run for the verdict, and
     ``FL_FALLBACK_BUDGET`` holds it to a budget."""
-    global _active, _census
     from ..log import get_logger
 
     chip = selection.chip
@@ -60,17 +51,15 @@ def activate(selection) -> Optional[Callable[[], None]]:
     census, stop_watching = _watch(router, chip, selection.routing.budget)
 
     def deactivate() -> None:
-        global _active, _census
         with _lock:
             try:
                 stop_watching()
                 undo()
             finally:
-                _active = _census = None
+                set_active(None, None)
 
     with _lock:
-        _active = router
-        _census = census
+        set_active(router, census)
         _from_environment.clear()
         _from_environment.update(from_environment)
     return deactivate
@@ -101,14 +90,6 @@ def _watch(router, chip, budget):
     return census, undo
 
 
-def current_verdict():
-    """The verdict of the run so far (see :mod:`.verdict`), or None when routing is not active."""
-    from .verdict import verdict as build
-
-    router, census = _active, _census
-    return None if router is None or census is None else build(router, census)
-
-
 def load_routing_config(path) -> Dict[str, str]:
     """Load per-operator route overrides from a JSON or TOML file (``{"routes": {"softmax":
     "cpu", "gelu": "composite"}}``) and apply them now if a backend is active, else at the next
@@ -120,7 +101,7 @@ def load_routing_config(path) -> Dict[str, str]:
     with _lock:
         _loaded.clear()
         _loaded.update(loaded)
-        router = _active
+        router = active_router()
         environment = dict(_from_environment)
     if router is not None:
         router.reconfigure({**loaded, **environment})

@@ -11,6 +11,7 @@ import threading
 from typing import Dict, List, Optional
 
 from ..config import format_bytes
+from .state import active_router, current_verdict
 
 
 class _Row:
@@ -124,8 +125,6 @@ def routing_report() -> List[dict]:
     through host memory, one row ``op == COLLECTIVES_ROW`` with the collectives staged and
     the bytes they copied (also split into ``to_host_bytes`` / ``to_device_bytes``). Empty
     when routing is not active or nothing was routed or staged."""
-    from . import active_router
-
     router = active_router()
     if router is None:
         return []
@@ -138,8 +137,6 @@ def routing_report() -> List[dict]:
 def render(rows: Optional[List[dict]] = None) -> str:
     """The report as a text table (with a one-line summary per route), ending with the verdict
     (:mod:`.verdict`) while routing is active."""
-    from . import active_router, current_verdict
-
     text = _table(active_router(), rows)
     data = current_verdict()
     if data is None:
@@ -153,8 +150,6 @@ def render_json() -> str:
     """The verdict as one JSON document (``run --report --json``); ``{"routing": null}`` when
     routing is not active."""
     import json
-
-    from . import current_verdict
 
     data = current_verdict()
     return json.dumps(data if data is not None else {"routing": None}, indent=1)

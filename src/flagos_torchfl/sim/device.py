@@ -17,7 +17,7 @@ from __future__ import annotations
 import collections
 import threading
 import time
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import torch
 
@@ -173,20 +173,26 @@ def is_bf16_supported(including_emulation: bool = True) -> bool:
 
 
 # -- random numbers ------------------------------------------------------------------------
+_absent_attribute_listeners: list[Callable[[str], None]] = []
+
+
+def listen_for_absent_attributes(listener: Callable[[str], None]) -> None:
+    """Call ``listener(name)`` whenever torch asks this module for an attribute it lacks, before
+    the AttributeError (the sim's Inductor backend registers itself when Inductor asks for
+    ``Scheduling``: :func:`.inductor.asked_for`)."""
+    _absent_attribute_listeners.append(listener)
+
+
 def __getattr__(name: str) -> Any:
-    """``default_generators``: every device's generator (:class:`runtime.SimGenerator`), by index.
-    Inductor's request for ``Scheduling`` (and the other code generators of
-    :data:`.inductor.CODEGEN_NAMES`) registers the sim's Inductor backend
-    (:func:`.inductor.register_backend`); the attribute itself stays absent."""
+    """``default_generators``: every device's generator (:class:`runtime.SimGenerator`), by index;
+    ``_initialized``: :func:`is_initialized`. Any other name is told to the listeners of
+    :func:`listen_for_absent_attributes` and stays absent."""
     if name == "default_generators":
         return tuple(runtime.generator(i) for i in range(runtime.device_count()))
     if name == "_initialized":  # torch.utils.checkpoint saves device RNG states only if True
         return is_initialized()
-    from . import inductor
-
-    if name in inductor.CODEGEN_NAMES:
-        inductor.register_device_interface()
-        inductor.register_backend()
+    for listener in _absent_attribute_listeners:
+        listener(name)
     raise AttributeError(f"module 'torch.{runtime.DEVICE_TYPE}' has no attribute {name!r}")
 
 

@@ -9,11 +9,12 @@ runs through the sim's kernels and the routing layer, as in eager mode.
 
 Nothing here is imported at activation: importing dynamo and Inductor costs seconds. Inductor asks
 a PrivateUse1 device module for ``Scheduling`` (and the wrapper classes) when it registers its
-backends (``init_backend_registration``, on the first compilation); the sim's device module then
-calls :func:`register_backend`, which registers the backend and the device interface itself
-(with a cache-key pass, which the device-module route cannot carry) and answers that it has no
-such attribute, so Inductor keeps that registration. :func:`register_if_loaded` covers a process that imported
-dynamo before the sim was installed.
+backends (``init_backend_registration``, on the first compilation); the sim's device module tells
+:func:`asked_for` (it listens for absent attributes), which registers the backend and the device
+interface itself (with a cache-key pass, which the device-module route cannot carry), and answers
+that it has no such attribute, so Inductor keeps that registration. :func:`register_if_loaded`
+covers a process that imported dynamo before the sim was installed (and, under activation, the
+``compile_device_interface`` patch one that imports it later).
 
 The wrapper differs from the CPU's in two places only: kernels are called as on the CPU (Inductor
 otherwise refuses a device type it does not know), and buffers are allocated on the device of the
@@ -56,6 +57,14 @@ def register_device_interface() -> bool:
         return False
     register(runtime.DEVICE_TYPE, interface_class())
     return True
+
+
+def asked_for(name: str) -> None:
+    """Told of every attribute torch asks the sim's device module for and it lacks: Inductor's
+    request for one of :data:`CODEGEN_NAMES` registers the device interface and the backend."""
+    if name in CODEGEN_NAMES:
+        register_device_interface()
+        register_backend()
 
 
 @functools.lru_cache(maxsize=None)

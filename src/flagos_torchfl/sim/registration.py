@@ -151,6 +151,7 @@ def claim(num_devices: int, memory_limit: int | None, native: Iterable[str],
     _keep_alive.extend([hooks, guard, library, _autocast_fallthrough()])
     torch.serialization.register_package(19, _sim_tag, _sim_restore)
     torch_patches.apply(num_devices)
+    device_module.listen_for_absent_attributes(inductor.asked_for)
     inductor.register_if_loaded()
     return device_module
 
