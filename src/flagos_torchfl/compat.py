@@ -201,7 +201,10 @@ FEATURES: Dict[str, Feature] = {f.name: f for f in (
             _SINCE_AFTER_2_1, _attr("torch.serialization._default_to_weights_only")),
     Feature("python_privateuse1_backend",
             "a Python-registered PrivateUse1 backend with its own allocator and accelerator hooks (the sim)",
-            _SINCE_AFTER_2_1, lambda: _torch_at_least(SIM_MIN_TORCH)),
+            _SINCE_AFTER_2_1, lambda: _torch_at_least(SIM_MIN_TORCH) and not sim_missing()),
+    Feature("alloc_conf_variable", "torch's caching allocator reads PYTORCH_ALLOC_CONF (falling back to "
+            "the older PYTORCH_CUDA_ALLOC_CONF; before torch 2.9 it reads only the latter)",
+            _SINCE_AFTER_2_1, lambda: _torch_at_least((2, 9))),
 )}
 
 
@@ -244,6 +247,22 @@ def _cpu_stream_takes_priority() -> bool:
         return True
     except TypeError:  # torch 2.1: "Stream() takes no arguments"
         return False
+
+
+#: what the sim (a Python PrivateUse1 backend with its own allocator and accelerator hooks) needs
+#: of torch beyond its release floor :data:`SIM_MIN_TORCH`, each with its probe
+SIM_NEEDS = (
+    ("torch._C._acc (Python PrivateUse1 backends)", _attr("torch._C._acc")),
+    ("torch._C._construct_storage_from_data_pointer", _attr("torch._C._construct_storage_from_data_pointer")),
+    ("torch.UntypedStorage._swap_data_ptr_", _attr("torch.UntypedStorage._swap_data_ptr_")),
+    ("torch.library.Library.fallback", _attr("torch.library.Library.fallback")),
+    ("torch.accelerator", _attr("torch.accelerator")),
+)
+
+
+def sim_missing() -> list[str]:
+    """What of :data:`SIM_NEEDS` this torch lacks (empty when none)."""
+    return [name for name, probe in SIM_NEEDS if not probe()]
 
 
 def _torch_at_least(minimum: tuple) -> bool:

@@ -12,19 +12,16 @@ import os
 import types
 from typing import Any, Callable, Mapping, MutableMapping, Optional, Sequence, Tuple
 
-import torch
-
-from .. import variables
-from ..compat import parse_version
+from .. import compat, variables
 
 #: what ``PoolFigures.measures`` says for a caching allocator's own figures
 DEVICE_POOL = "device pool"
 #: the allocator option ``FL_EXPANDABLE_SEGMENTS=1`` adds to the chip's allocator variable
 EXPANDABLE = "expandable_segments:True"
-#: what torch's own caching allocator (CUDA, ROCm) reads, in order: torch >= 2.9 reads
-#: ``PYTORCH_ALLOC_CONF`` and falls back to the deprecated ``PYTORCH_CUDA_ALLOC_CONF``
+#: what torch's own caching allocator (CUDA, ROCm) reads, in order: ``PYTORCH_ALLOC_CONF`` and
+#: then the deprecated ``PYTORCH_CUDA_ALLOC_CONF``, or only the latter (compat ``alloc_conf_variable``)
 TORCH_ALLOCATOR_VARIABLES = (("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF")
-                             if parse_version(torch.__version__)[:2] >= (2, 9) else ("PYTORCH_CUDA_ALLOC_CONF",))
+                             if compat.has("alloc_conf_variable") else ("PYTORCH_CUDA_ALLOC_CONF",))
 
 
 class NotApplied(Exception):

@@ -10,6 +10,7 @@ from typing import Iterable
 import torch
 import torch.serialization
 
+from .. import compat
 from ..aten.dispatcher import has_backend_fallback
 from ..errors import BackendUnavailableError, PrivateUse1ClaimedError
 from . import device as device_module
@@ -40,19 +41,6 @@ def _guard_and_hooks() -> tuple[object, object]:
             return True
 
     return DeviceGuard(), Hooks()
-
-
-def missing_torch_features() -> list[str]:
-    """What the sim needs from PyTorch that the installed version lacks (empty when none)."""
-    needs = {
-        "torch._C._acc (Python PrivateUse1 backends)": hasattr(torch._C, "_acc"),
-        "torch._C._construct_storage_from_data_pointer":
-            hasattr(torch._C, "_construct_storage_from_data_pointer"),
-        "torch.UntypedStorage._swap_data_ptr_": hasattr(torch.UntypedStorage, "_swap_data_ptr_"),
-        "torch.library.Library.fallback": hasattr(torch.library.Library, "fallback"),
-        "torch.accelerator": hasattr(torch, "accelerator"),
-    }
-    return [name for name, present in needs.items() if not present]
 
 
 def _vendor_of(name: str) -> str | None:
@@ -113,7 +101,7 @@ def claim(num_devices: int, memory_limit: int | None, native: Iterable[str],
     (``torch.<device_type>``). Raises :class:`PrivateUse1ClaimedError` if another backend holds
     the slot, :class:`BackendUnavailableError` if the slot cannot take that name
     (:func:`rename_problem`)."""
-    missing = missing_torch_features()
+    missing = compat.sim_missing()
     if missing:
         raise BackendUnavailableError(
             runtime.DEVICE_TYPE,
