@@ -286,3 +286,19 @@ def test_the_uses_of_missing_names_belong_to_one_activation():
     assert proc.returncode == 0, proc.stderr
     first, after, again, last = json.loads(proc.stdout.splitlines()[-1])
     assert first == [["list_gpu_processes", 2]] and after == [] and again == [] and last == [["list_gpu_processes", 1]]
+
+
+def test_only_the_program_s_own_accelerator_questions_earn_the_hint(cpu_backend):
+    """``torch._utils._get_available_device_type()`` (torchtitan, DCP) is answered through the
+    package's own question to ``torch.accelerator``: no hint at exit for it."""
+    import torch._utils
+
+    from flagos_torchfl.redirect import accelerator
+
+    try:
+        assert torch._utils._get_available_device_type() == "cuda"
+        assert accelerator.hint() is None
+        assert torch.accelerator.device_count() == 0  # the program asks, and finds none
+        assert "asked torch.accelerator" in accelerator.hint()
+    finally:
+        accelerator._watch.pop("asked", None)

@@ -41,13 +41,20 @@ _watch: dict = {}
 
 def _real_accelerator_type() -> Optional[str]:
     """The type of the accelerator present (None without one: a CUDA build of torch on a machine
-    without a GPU has none, though it was compiled for one)."""
+    without a GPU has none, though it was compiled for one). Asks torch's own
+    ``current_accelerator``, never the hint's wrapper of it: this question is the package's, not
+    the program's."""
     accelerator = compat.accelerator_module()
     if accelerator is None:
         return None
-    found = (accelerator.current_accelerator(check_available=True)
-             if compat.has("accelerator_check_available") else accelerator.current_accelerator())
+    current = _unwatched(accelerator.current_accelerator)
+    found = current(check_available=True) if compat.has("accelerator_check_available") else current()
     return found.type if found is not None else None
+
+
+def _unwatched(function: Any) -> Any:
+    """``function`` itself, or the original the hint patch wrapped (:func:`patch_accelerator_hint`)."""
+    return getattr(function, "__fl_watched__", function)
 
 
 @patch_function("available_device_type")
@@ -73,9 +80,10 @@ def _none_found(name: str, value: Any) -> bool:
 
 
 def _from_program(depth: int = 2) -> bool:
-    """Whether the caller ``depth`` frames up is the program's code, not torch's own."""
+    """Whether the caller ``depth`` frames up is the program's code, not torch's own nor this
+    package's."""
     caller = sys._getframe(depth).f_globals.get("__name__", "")
-    return not (caller == "torch" or caller.startswith("torch."))
+    return caller.partition(".")[0] not in ("torch", "flagos_torchfl")
 
 
 @patch_function("accelerator_hint")
@@ -98,6 +106,7 @@ def patch_accelerator_hint(target: Target, patcher: Patcher) -> None:
                     _watch["asked"] = True
                 return value
 
+            asked.__fl_watched__ = original
             return asked
 
         patcher.setattr(accelerator, name, make())
