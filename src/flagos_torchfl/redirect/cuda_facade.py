@@ -405,41 +405,6 @@ class CudaFacade:
         return self._streams().stream(stream)
 
     # -------------------------------------------------------------- memory
-    def _memory(self, name: str, device: Any, default: Any) -> Any:
-        fn = self._mod(name)
-        if fn is None:
-            self.t.logical_index(device)
-            return default
-        return fn(self._phys(device))
-
-    def memory_allocated(self, device: Any = None) -> int:
-        """The backend's count (on the cpu backend, the process's resident memory)."""
-        return self._memory("memory_allocated", device, 0)
-
-    def memory_reserved(self, device: Any = None) -> int:
-        """The backend's count (on the cpu backend, the process's resident memory)."""
-        return self._memory("memory_reserved", device, 0)
-
-    def max_memory_allocated(self, device: Any = None) -> int:
-        """The backend's peak (on the cpu backend, the process's peak resident memory)."""
-        return self._memory("max_memory_allocated", device, 0)
-
-    def max_memory_reserved(self, device: Any = None) -> int:
-        """The backend's peak (on the cpu backend, the process's peak resident memory)."""
-        return self._memory("max_memory_reserved", device, 0)
-
-    def reset_peak_memory_stats(self, device: Any = None) -> None:
-        """The backend's reset."""
-        return self._memory("reset_peak_memory_stats", device, None)
-
-    def reset_accumulated_memory_stats(self, device: Any = None) -> None:
-        """The backend's reset."""
-        return self._memory("reset_accumulated_memory_stats", device, None)
-
-    def memory_stats(self, device: Any = None) -> dict:
-        """The backend's statistics (on the cpu backend, the resident-memory keys only)."""
-        return self._memory("memory_stats", device, {})
-
     def memory_snapshot(self, *args: Any, **kwargs: Any) -> list:
         """The backend's snapshot; an empty list on the CPU."""
         fn = self._mod("memory_snapshot")
@@ -487,18 +452,6 @@ class CudaFacade:
     def manual_seed_all(self, seed: int) -> None:
         """Seed every device's generator."""
         self._mod("manual_seed_all")(int(seed))
-
-    def seed(self) -> None:
-        """Seed the current device's generator with a random number."""
-        self._mod("seed")()
-
-    def seed_all(self) -> None:
-        """Seed every device's generator with a random number."""
-        self._mod("seed_all")()
-
-    def initial_seed(self) -> int:
-        """The current device generator's initial seed."""
-        return self._mod("initial_seed")()
 
     def get_rng_state(self, device: Any = "cuda") -> torch.Tensor:
         """The generator state of ``device`` (a ByteTensor)."""
@@ -572,3 +525,42 @@ class CudaFacade:
         if own is not None:
             served = {name: getattr(own, name, fn) for name, fn in served.items()}
         return Namespace("torch.cuda.nvtx", served, None, self.t)
+
+
+#: the backend's memory counters and resets that take a device, and the answer where its module
+#: has none (on the cpu backend they are the process's resident memory figures)
+MEMORY_QUERIES = {"memory_allocated": 0, "memory_reserved": 0, "max_memory_allocated": 0,
+                  "max_memory_reserved": 0, "reset_peak_memory_stats": None,
+                  "reset_accumulated_memory_stats": None, "memory_stats": {}}
+#: the backend's random-number calls that take nothing: seed the current device's generator
+#: with a random number, every device's, the current generator's initial seed
+RANDOM_CALLS = ("seed", "seed_all", "initial_seed")
+
+
+def _memory_query(name: str, empty: Any) -> Callable:
+    def query(self: CudaFacade, device: Any = None) -> Any:
+        found = self._mod(name)
+        if found is None:
+            self.t.logical_index(device)
+            return empty
+        return found(self._phys(device))
+
+    query.__name__ = query.__qualname__ = name
+    query.__doc__ = (f"The backend's ``{name}`` of logical ``device`` (None: the current one); "
+                     f"{empty!r} where its module has none.")
+    return query
+
+
+def _random_call(name: str) -> Callable:
+    def call(self: CudaFacade) -> Any:
+        return self._mod(name)()
+
+    call.__name__ = call.__qualname__ = name
+    call.__doc__ = f"The backend's ``{name}()``."
+    return call
+
+
+for _name, _empty in MEMORY_QUERIES.items():
+    setattr(CudaFacade, _name, _memory_query(_name, _empty))
+for _name in RANDOM_CALLS:
+    setattr(CudaFacade, _name, _random_call(_name))
