@@ -131,9 +131,13 @@ def _quick_tier_runs_in_process(request, monkeypatch):
     yield
 
 
-def _run_module_in_child(path: Path, tmp_dir: Path) -> dict[str, tuple[str, str]]:
+def _run_module_in_child(path: Path, tmp_dir: Path, whole: bool) -> dict[str, tuple[str, str]]:
+    """Run the isolated module ``path`` in a child pytest (``whole``: every test of it, as the
+    full suite, because the command line named it; else in this run's tier)."""
     report = tmp_dir / f"{path.stem}.xml"
     env = dict(os.environ, FL_TEST_ISOLATED_CHILD="1")
+    if whole:
+        env[TIER] = "full"
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", str(path), "-q", "-p", "no:cacheprovider", "-n", "0",
          f"--junitxml={report}"],  # in this one process: no workers of its own
@@ -160,7 +164,8 @@ def pytest_runtest_call(item):
     path = Path(item.fspath)
     if str(path) not in _results:
         tmp_dir = item.config._tmp_path_factory.mktemp("isolated")  # type: ignore[attr-defined]
-        _results[str(path)] = _run_module_in_child(path, tmp_dir)
+        named = any(path.resolve() == n or path.resolve().is_relative_to(n) for n in _named(item.config))
+        _results[str(path)] = _run_module_in_child(path, tmp_dir, whole=named)
     outcomes = _results[str(path)]
     outcome, detail = outcomes.get(item.name, ("missing", outcomes["<process>"][1]))
     if outcome == "skipped":

@@ -13,10 +13,11 @@ import os
 import platform
 import sys
 import threading
-import time
 from typing import Any, Optional, Tuple
 
 import torch
+
+from ..inline import InlineEvent, InlineStream
 
 #: per-thread stack of current streams (``torch.cuda.stream(s)`` blocks)
 stream_state = threading.local()
@@ -40,63 +41,6 @@ class DeviceProperties:
     uuid: str = ""
     L2_cache_size: int = 0
     warp_size: int = 1
-
-
-class HostEvent:
-    """``torch.cuda.Event`` on a device without events: work has already run when ``record``
-    is called, so an event is a host timestamp; ``elapsed_time`` is in milliseconds."""
-
-    def __init__(self, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False, **_):
-        self.enable_timing = enable_timing
-        self._time: Optional[float] = None
-
-    def record(self, stream: Any = None) -> None:
-        self._time = time.perf_counter()
-
-    def elapsed_time(self, end_event: "HostEvent") -> float:
-        if not (self.enable_timing and end_event.enable_timing):
-            raise ValueError("Both events must be created with argument 'enable_timing=True'")
-        if self._time is None or end_event._time is None:
-            raise RuntimeError("Both events must be recorded before calculating elapsed time")
-        return (end_event._time - self._time) * 1000.0
-
-    def query(self) -> bool:
-        return True
-
-    def synchronize(self) -> None:
-        """Nothing to wait for: host work is complete when it returns."""
-
-    def wait(self, stream: Any = None) -> None:
-        """Nothing to wait for."""
-
-
-class InlineStream:
-    """``torch.cuda.Stream`` on a device without streams: work runs inline, in order, so
-    every query is True and every wait returns at once."""
-
-    def __init__(self, device: Any = None, priority: int = 0, **_):
-        self.device = device
-        self.priority = priority
-
-    def query(self) -> bool:
-        return True
-
-    def synchronize(self) -> None:
-        """Nothing to wait for."""
-
-    def wait_event(self, event: Any) -> None:
-        """Nothing to wait for."""
-
-    def wait_stream(self, stream: Any) -> None:
-        """Nothing to wait for."""
-
-    def record_event(self, event: Optional[HostEvent] = None) -> HostEvent:
-        event = event if event is not None else HostEvent()
-        event.record(self)
-        return event
-
-    def __repr__(self) -> str:
-        return f"<InlineStream device={self.device}>"
 
 
 def host_memory_info() -> tuple:
@@ -206,8 +150,8 @@ def host_memory() -> Optional[int]:
 class HostStream(InlineStream):
     """An inline stream of the host (its device is ``cpu`` whatever index it is given)."""
 
-    def __init__(self, device: Any = None, priority: int = 0, **_):
-        super().__init__(torch.device("cpu"), priority)
+    def __init__(self, device: Any = None, priority: int = 0, stream_id: Optional[int] = None, **_):
+        super().__init__(torch.device("cpu"), priority, stream_id)
 
 
 class HostRuntime:
@@ -215,7 +159,7 @@ class HostRuntime:
     backend's logical devices (all the same host); the caller checks them."""
 
     Stream = HostStream
-    Event = HostEvent
+    Event = InlineEvent
     StreamContext = InlineStreamContext
 
     def __init__(self) -> None:
@@ -245,7 +189,7 @@ class HostRuntime:
     # streams
     def default_stream(self, index: int = 0) -> HostStream:
         if index not in self._default_streams:
-            self._default_streams[index] = HostStream()
+            self._default_streams[index] = HostStream(stream_id=0)
         return self._default_streams[index]
 
     def current_stream(self, index: int = 0) -> Any:

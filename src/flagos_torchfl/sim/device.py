@@ -16,12 +16,12 @@ from __future__ import annotations
 
 import collections
 import threading
-import time
 from typing import Any, Callable, Iterable
 
 import torch
 
 from ..aten import dispatcher
+from ..inline import InlineEvent, InlineStream
 from . import runtime
 
 __all__ = [
@@ -300,50 +300,16 @@ def empty_cache() -> None:
 
 
 # -- streams and events ----------------------------------------------------------------------
-class Stream:
+class Stream(InlineStream):
     """A sim stream. Work runs inline, so a stream is always idle; the class exists so that
-    stream-aware code runs unchanged."""
-
-    _ids = iter(range(1, 1 << 62))
-    _ids_lock = threading.Lock()
+    stream-aware code runs unchanged. A stream of the program's own is a use of the device."""
 
     def __init__(self, device: Any = None, priority: int = 0, *, _stream_id: int | None = None):
-        self.device = torch.device(runtime.DEVICE_TYPE, _index(device))
-        self.priority = priority
-        if _stream_id is None:  # a stream of the program's own: a use of the device
+        index = _index(device)
+        if _stream_id is None:
             runtime.begin_use()
-            with Stream._ids_lock:
-                _stream_id = next(Stream._ids)
-        self.stream_id = _stream_id
-
-    def query(self) -> bool:
-        """True: all work submitted to the stream has completed."""
-        return True
-
-    def synchronize(self) -> None:
-        """Return at once: the stream's work has completed."""
-
-    def wait_event(self, event: Event) -> None:
-        """Return at once: the event's work has completed."""
-
-    def wait_stream(self, stream: Stream) -> None:
-        """Return at once: the other stream's work has completed."""
-
-    def record_event(self, event: Event | None = None) -> Event:
-        """Record ``event`` (a new one if None) on this stream and return it."""
-        event = Event() if event is None else event
-        event.record(self)
-        return event
-
-    def __eq__(self, other: object) -> bool:
-        return (isinstance(other, Stream) and other.device == self.device
-                and other.stream_id == self.stream_id)
-
-    def __hash__(self) -> int:
-        return hash((self.device, self.stream_id))
-
-    def __repr__(self) -> str:
-        return f"<torch.sim.Stream device={self.device} stream_id={self.stream_id}>"
+        super().__init__(torch.device(runtime.DEVICE_TYPE, index), priority, _stream_id)
+        self.event_class = Event
 
 
 _default_streams: dict[int, Stream] = {}
@@ -403,43 +369,12 @@ def stream(stream: Stream | None) -> StreamContext:
     return StreamContext(stream)
 
 
-class Event:
-    """A sim event: recording takes the host time, and the event is complete at once."""
-
-    def __init__(self, enable_timing: bool = False, blocking: bool = False,
-                 interprocess: bool = False):
-        if interprocess:
-            raise RuntimeError("sim events cannot be shared between processes")
-        self.enable_timing = enable_timing
-        self.blocking = blocking
-        self._time: float | None = None
-        self.device: torch.device | None = None
+class Event(InlineEvent):
+    """A sim event: recording takes the host time (a use of the device), and the event is
+    complete at once."""
 
     def record(self, stream: Stream | None = None) -> None:
         """Mark the event at the current host time on ``stream`` (default: the current one)."""
         stream = current_stream() if stream is None else stream
         runtime.begin_use()
-        self.device = stream.device
-        self._time = time.perf_counter()
-
-    def wait(self, stream: Stream | None = None) -> None:
-        """Return at once: the work before the event has completed."""
-
-    def query(self) -> bool:
-        """True: the work before the event has completed."""
-        return True
-
-    def synchronize(self) -> None:
-        """Return at once: the work before the event has completed."""
-
-    def elapsed_time(self, end_event: Event) -> float:
-        """Milliseconds of host time between this event's and ``end_event``'s recording."""
-        if not (self.enable_timing and end_event.enable_timing):
-            raise RuntimeError("Both events must be created with argument 'enable_timing=True'.")
-        if self._time is None or end_event._time is None:
-            raise RuntimeError("Both events must be recorded before calculating elapsed time.")
-        return (end_event._time - self._time) * 1000.0
-
-    def __repr__(self) -> str:
-        state = "recorded" if self._time is not None else "not recorded"
-        return f"<torch.sim.Event {state}>"
+        super().record(stream)
