@@ -140,3 +140,17 @@ def test_a_child_forked_after_use_gets_torch_npu_s_message(ascend):
     assert receive.recv() == ("Cannot re-initialize NPU in forked subprocess. To use NPU with "
                               "multiprocessing, you must use the 'spawn' start method")
     process.join(60)
+
+
+def test_dynamo_reading_torch_cuda_s_functions_is_no_use_by_the_program(ascend):
+    """Dynamo's table of torch functions loads every ``torch.cuda`` function by name (through
+    ``compile_traces_torch_functions``): the names the chip lacks must not count as the
+    program's uses in the verdict."""
+    import torch._dynamo.trace_rules as rules
+
+    from flagos_torchfl.backends.device_modules import missing_uses
+
+    rules.get_torch_obj_rule_map.cache_clear()  # (built already if dynamo loaded before activation)
+    rules.get_torch_obj_rule_map()
+    used = dict(missing_uses.rows("ascend"))
+    assert not {"temperature", "power_draw", "clock_rate"} & set(used), used
