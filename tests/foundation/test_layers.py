@@ -10,7 +10,7 @@ from tests.helpers import ROOT
 
 SRC = ROOT / "src" / "flagos_torchfl"
 #: package -> the packages of flagos_torchfl it may import (besides errors, log, variables, config, compat,
-#: autoload, atomic_file)
+#: autoload, atomic_file, inline)
 ALLOWED = {
     "aten": set(),
     "sim": {"aten"},
@@ -19,7 +19,7 @@ ALLOWED = {
     "redirect": {"backends"},
     "k8s": {"backends"},
 }
-BASE = {"errors", "log", "variables", "config", "compat", "autoload", "atomic_file"}
+BASE = {"errors", "log", "variables", "config", "compat", "autoload", "atomic_file", "inline"}
 
 
 def imported_packages(path):
