@@ -288,6 +288,7 @@ def test_the_uses_of_missing_names_belong_to_one_activation():
     assert first == [["list_gpu_processes", 2]] and after == [] and again == [] and last == [["list_gpu_processes", 1]]
 
 
+@pytest.mark.torch_feature("accelerator")
 def test_only_the_program_s_own_accelerator_questions_earn_the_hint(cpu_backend):
     """``torch._utils._get_available_device_type()`` (torchtitan, DCP) is answered through the
     package's own question to ``torch.accelerator``: no hint at exit for it."""
