@@ -63,14 +63,7 @@ def _publish_for_children(selection: Selection) -> Optional[Callable[[], None]]:
     the start-up hook handed down (as ``run`` hands it to its program)."""
     from . import inherit
 
-    undo_hook = inherit.activate_children()
-    undo_record = inherit.publish(selection)
-
-    def undo() -> None:
-        undo_record()
-        undo_hook()
-
-    return undo
+    return inherit.hand_down(selection)
 
 
 #: (name, step) in activation order. Each step takes the Selection and returns an undo callable
@@ -152,20 +145,21 @@ def init_backend(
     global _from_launcher
     with _lock:
         selection = build_selection(backend, code)
-        if active.current() is not None and _from_launcher:
+        current = active.current()
+        if current is not None and _from_launcher:
             # the program's own init_backend call refines what the launcher activated
             _from_launcher = False
-            if not active.current().same_request(selection):
+            if not current.same_request(selection):
                 log.info("init_backend in code re-activates %s with its own settings", selection.backend)
                 _change_active(selection, keep_launcher_mark=True)
             return active.current()
-        if active.current() is not None:
-            if active.current().same_request(selection):
-                return active.current()
-            change = (f"switch to {selection.backend!r}" if selection.backend != active.current().backend
+        if current is not None:
+            if current.same_request(selection):
+                return current
+            change = (f"switch to {selection.backend!r}" if selection.backend != current.backend
                       else "change them")
             raise AlreadyInitializedError(
-                f"backend {active.current().backend!r} is already active with devices {list(active.current().devices)} "
+                f"backend {current.backend!r} is already active with devices {list(current.devices)} "
                 f"and other settings; call ft.deactivate() first to {change}"
             )
         _activate(selection)
@@ -294,8 +288,9 @@ def _replace_active(selection: Selection, keep_launcher_mark: bool = False) -> N
 
 def get_setting(name: str) -> Any:
     """The current value of an assignable setting (active selection first, then assignments)."""
-    if active.current() is not None:
-        return getattr(active.current().settings, name)
+    current = active.current()
+    if current is not None:
+        return getattr(current.settings, name)
     return _assigned.get(name, getattr(config.Settings(), name))
 
 
@@ -315,11 +310,12 @@ def set_setting(name: str, value: Any) -> None:
             _assigned[name] = new
             log.info("%s=%s overrides ft.%s = %r", variable, variables.raw(variable), name, value)
             return
-        if active.current() is not None and getattr(active.current().settings, name) != new:
+        current = active.current()
+        if current is not None and getattr(current.settings, name) != new:
             from .selection import check_memory_limit
 
-            settings = dataclasses.replace(active.current().settings, **{name: new})
-            changed = dataclasses.replace(active.current(), settings=settings)
+            settings = dataclasses.replace(current.settings, **{name: new})
+            changed = dataclasses.replace(current, settings=settings)
             check_memory_limit(changed)
             _change_active(changed)
         _assigned[name] = new

@@ -6,7 +6,7 @@ the backend, the devices (physical indices), every setting, the probe result, an
 device-related environment it was made in. Deactivation restores the previous value. Python
 children read it as they activate (``bootstrap/sitecustomize.py``, which ``run`` hands to its
 program and activation in code to the children started after it:
-:func:`activate_children`). A child activates from it:
+:func:`hand_down`). A child activates from it:
 
 - with the environment unchanged, exactly the same way, probing nothing (not even a vendor
   tool); only the vendor plugin is imported;
@@ -41,15 +41,16 @@ def hook_children(environ: MutableMapping[str, str]) -> None:
     variables.assign(environ, "FL_ACTIVATE", "1")
 
 
-def activate_children(environ: MutableMapping[str, str] = os.environ) -> Callable[[], None]:
-    """Make the Python children this process starts from now on activate as it is activated,
-    as ``run`` makes its program's (:data:`BOOTSTRAP_DIR` first on ``PYTHONPATH``,
-    ``FL_ACTIVATE=1``; they inherit the activation :mod:`.inherit` publishes): what activation
-    in code (``ft.init_backend``) does for ``multiprocessing`` spawn and forkserver workers,
-    ``torch.multiprocessing.spawn`` and ``subprocess`` children. Returns the undo that gives
-    both variables back the values they had."""
-    undo = variables.restorer(environ, ("PYTHONPATH", "FL_ACTIVATE"))
+def hand_down(selection, environ: MutableMapping[str, str] = os.environ) -> Callable[[], None]:
+    """Make the Python children this process starts from now on activate as ``selection``, as
+    ``run`` makes its program's: the selection published (:func:`publish`) and the start-up
+    hook handed down (:func:`hook_children`). What activation in code (``ft.init_backend``)
+    does for ``multiprocessing`` spawn and forkserver workers, ``torch.multiprocessing.spawn``
+    and ``subprocess`` children. Returns the undo that gives the variables back the values they
+    had."""
+    undo = variables.restorer(environ, ("PYTHONPATH", "FL_ACTIVATE", RECORD))
     hook_children(environ)
+    publish(selection, environ)
     return undo
 
 
@@ -72,23 +73,13 @@ def _settings(selection) -> Dict[str, Any]:
     }
 
 
-def publish(selection, environ: MutableMapping[str, str] = os.environ) -> Optional[Callable[[], None]]:
-    """Write ``selection`` to ``FL_PARENT_ACTIVATION``; returns the undo that restores the
-    previous value."""
-    previous = environ.get(RECORD)
+def publish(selection, environ: MutableMapping[str, str] = os.environ) -> None:
+    """Write ``selection`` to ``FL_PARENT_ACTIVATION`` (:func:`hand_down` arranges its undo)."""
     probe = selection.probe.as_dict() if selection.probe is not None else None
     environ[RECORD] = json.dumps({
         "backend": selection.backend, "reason": selection.reason, "settings": _settings(selection),
         "probe": probe, "environment": fingerprint(environ),
     }, separators=(",", ":"))
-
-    def undo() -> None:
-        if previous is None:
-            environ.pop(RECORD, None)
-        else:
-            environ[RECORD] = previous
-
-    return undo
 
 
 def read_record(environ: Mapping[str, str] = os.environ) -> Optional[dict]:

@@ -41,20 +41,13 @@ _watch: dict = {}
 
 def _real_accelerator_type() -> Optional[str]:
     """The type of the accelerator present (None without one: a CUDA build of torch on a machine
-    without a GPU has none, though it was compiled for one). Asks torch's own
-    ``current_accelerator``, never the hint's wrapper of it: this question is the package's, not
-    the program's."""
+    without a GPU has none, though it was compiled for one)."""
     accelerator = compat.accelerator_module()
     if accelerator is None:
         return None
-    current = _unwatched(accelerator.current_accelerator)
-    found = current(check_available=True) if compat.has("accelerator_check_available") else current()
+    found = (accelerator.current_accelerator(check_available=True)
+             if compat.has("accelerator_check_available") else accelerator.current_accelerator())
     return found.type if found is not None else None
-
-
-def _unwatched(function: Any) -> Any:
-    """``function`` itself, or the original the hint patch wrapped (:func:`patch_accelerator_hint`)."""
-    return getattr(function, "__fl_watched__", function)
 
 
 @patch_function("available_device_type")
@@ -106,7 +99,6 @@ def patch_accelerator_hint(target: Target, patcher: Patcher) -> None:
                     _watch["asked"] = True
                 return value
 
-            asked.__fl_watched__ = original
             return asked
 
         patcher.setattr(accelerator, name, make())

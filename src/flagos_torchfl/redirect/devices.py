@@ -17,7 +17,7 @@ do on a "non-CUDA" tensor — ``x.cuda()``, ``x.to("cuda")`` — is redirected.
 from __future__ import annotations
 
 import threading
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence, Tuple
 
 import torch
 
@@ -67,7 +67,7 @@ class Target:
         # to the device module's current device (None: it passes unchanged, the chip resolves it)
         resolves = getattr(chip, "resolves_unindexed_device", False) and self._by_logical[0].index is not None
         self._own_type = chip.device_type if resolves else None
-        self._module_current = self._follows_module()
+        self._module_started, self._module_current = self._follows_module()
 
     @property
     def backend(self) -> str:
@@ -133,17 +133,17 @@ class Target:
         """The target ``torch.device`` for logical ``cuda:logical``."""
         return self._by_logical[self.check_logical(logical)]
 
-    def _follows_module(self) -> Any:
+    def _follows_module(self) -> Tuple[Optional[Callable], Optional[Callable]]:
         """Where the devices are not renumbered and the device module keeps a current device,
-        ``(is_initialized, current_device)`` of the module: then a device made current through
+        the module's ``(is_initialized, current_device)``: then a device made current through
         the chip's own API (``torch.npu.set_device``, ``torch.accelerator.set_device_index``, the
         ``set_device`` that ``DeviceMesh`` calls on ``torch.<device type>``) is current for
-        ``torch.cuda`` too. Otherwise None."""
+        ``torch.cuda`` too. Otherwise ``(None, None)``."""
         if self.native or self.remaps or self._by_logical[0].index is None:
-            return None
+            return None, None
         started = getattr(self.module, "is_initialized", None)
         current = getattr(self.module, "current_device", None)
-        return (started, current) if callable(started) and callable(current) else None
+        return (started, current) if callable(started) and callable(current) else (None, None)
 
     @property
     def current(self) -> int:
@@ -151,9 +151,8 @@ class Target:
         device module's once its runtime has started, where :meth:`_follows_module` says it
         keeps one (before, nothing can have set it: setting a device starts the runtime, and
         asking the module would start it too on a vendor's), else the last one set here."""
-        module = self._module_current
-        if module is not None and module[0]():
-            index = module[1]()
+        if self._module_started is not None and self._module_started():
+            index = self._module_current()
             if index.__class__ is int and 0 <= index < len(self.devices):
                 return index
         return getattr(self._tls, "current", 0)

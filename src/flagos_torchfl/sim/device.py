@@ -300,16 +300,28 @@ def empty_cache() -> None:
 
 
 # -- streams and events ----------------------------------------------------------------------
+class Event(InlineEvent):
+    """A sim event: recording takes the host time (a use of the device), and the event is
+    complete at once."""
+
+    def record(self, stream: Stream | None = None) -> None:
+        """Mark the event at the current host time on ``stream`` (default: the current one)."""
+        stream = current_stream() if stream is None else stream
+        runtime.begin_use()
+        super().record(stream)
+
+
 class Stream(InlineStream):
     """A sim stream. Work runs inline, so a stream is always idle; the class exists so that
     stream-aware code runs unchanged. A stream of the program's own is a use of the device."""
+
+    event_class = Event
 
     def __init__(self, device: Any = None, priority: int = 0, *, _stream_id: int | None = None):
         index = _index(device)
         if _stream_id is None:
             runtime.begin_use()
         super().__init__(torch.device(runtime.DEVICE_TYPE, index), priority, _stream_id)
-        self.event_class = Event
 
 
 _default_streams: dict[int, Stream] = {}
@@ -367,14 +379,3 @@ class StreamContext:
 def stream(stream: Stream | None) -> StreamContext:
     """Context manager selecting ``stream`` (None selects nothing)."""
     return StreamContext(stream)
-
-
-class Event(InlineEvent):
-    """A sim event: recording takes the host time (a use of the device), and the event is
-    complete at once."""
-
-    def record(self, stream: Stream | None = None) -> None:
-        """Mark the event at the current host time on ``stream`` (default: the current one)."""
-        stream = current_stream() if stream is None else stream
-        runtime.begin_use()
-        super().record(stream)
