@@ -119,14 +119,20 @@ def test_settle_finds_the_threads_of_a_real_gloo_group(monkeypatch, activated):
 
 
 def _gloo_names_its_workers() -> bool:
-    """Whether a gloo group of this torch names its worker threads (torch 2.1's does not)."""
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    """Whether a gloo group of this torch names its worker threads (torch 2.1's does not).
+    Asked under activation, whose ``destroy_process_group`` lets gloo's workers settle first:
+    plain torch 2.1 freeing a gloo group can deadlock (a CI run hung here)."""
+    ft.init_backend("cpu")
     try:
-        dist.all_reduce(torch.ones(1))  # a worker names itself as it starts its loop
-        return any(open(f"/proc/self/task/{tid}/comm").read().strip() == clean_exit.WORKER_NAME
-                   for tid in os.listdir("/proc/self/task"))
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+        try:
+            dist.all_reduce(torch.ones(1))  # a worker names itself as it starts its loop
+            return any(open(f"/proc/self/task/{tid}/comm").read().strip() == clean_exit.WORKER_NAME
+                       for tid in os.listdir("/proc/self/task"))
+        finally:
+            dist.destroy_process_group()
     finally:
-        dist.destroy_process_group()
+        ft.deactivate()
 
 
 def test_destroy_process_group_is_wrapped_while_active_and_restored_after(monkeypatch):
