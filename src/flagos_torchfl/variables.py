@@ -133,6 +133,10 @@ _DECLARED = (
              "or one model of it, e.g. `ascend:910a`"),
     Variable("FL_SIM_DEVICE_MEMORY", _device_memory, None,
              "memory per `sim` device, e.g. `64GiB` (default: the profile's chip, else 16 GiB)"),
+    Variable("FL_SIM_RUNTIME", _choice("FL_SIM_RUNTIME", ("auto", "native", "python")), "auto",
+             "`sim`'s device runtime: `native` (its C++ guard, built at first use with the machine's C++ "
+             "compiler), `python` (its Python guard: fewer of PyTorch's questions answered), `auto` "
+             "(native where it can be built, else python with a warning)"),
     Variable("FL_FALLBACK_BUDGET", _text, None,
              "fail the run when host fallbacks exceed a count (`10`) or a share of operator time "
              "(`5%`); `:strict` (or `strict` alone, for none) fails at the first violation"),

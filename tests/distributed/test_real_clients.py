@@ -30,7 +30,7 @@ TIMEOUT = 400
 HAS_ACCELERATE = importlib.util.find_spec("accelerate") is not None
 ACCELERATE_SKIP = 'accelerate is not installed (pip install -e ".[realclients]")'
 #: client -> the compat features of the torch under test it needs, run plainly as well
-NEEDS = {"ddp_snapshot": (), "ddp_dcp": (), "mp_spawn_ddp": (), "accelerate_torchrun": (),
+NEEDS = {"ddp_snapshot": (), "ddp_dcp": (), "ddp_unused": (), "mp_spawn_ddp": (), "accelerate_torchrun": (),
          "fsdp2_dcp": ("device_mesh", "fsdp2", "dcp_state_dict"),
          "tensor_parallel": ("device_mesh", "fsdp2"),
          "fsdp1_device_id": ("fsdp_cpu",),  # FSDP1 on CPU tensors: the cpu backend and the reference
@@ -142,7 +142,7 @@ def _jobs(root: Path) -> dict:
     agents = out("ddp.agents")
     jobs["ddp.agents"] = (lambda: _two_agents([str(CLIENTS / "ddp_snapshot.py"), "4", "2",
                                                str(agents / "snap.pt"), str(agents)], agents), agents)
-    for name, args in (("ddp_dcp", ["{out}/ckpt"]), ("fsdp2_dcp", ["{out}/ckpt"]), ("tensor_parallel", []),
+    for name, args in (("ddp_dcp", ["{out}/ckpt"]), ("ddp_unused", []), ("fsdp2_dcp", ["{out}/ckpt"]), ("tensor_parallel", []),
                        ("fsdp1_device_id", []), ("accelerate_torchrun", [])):
         if name == "accelerate_torchrun" and not HAS_ACCELERATE:
             continue
@@ -233,7 +233,8 @@ def assert_trained_like(got: dict, ref: dict, exact: bool, what: str):
 ACCELERATE = pytest.mark.skipif(not HAS_ACCELERATE, reason=ACCELERATE_SKIP)
 CASES = [pytest.param(client, job, backend, id=f"{client}-{job}-{backend}",
                       marks=client_marks(client, backend) + ([ACCELERATE] if client == "accelerate_torchrun" else []))
-         for client, job in (("ddp_snapshot", "ddp"), ("ddp_dcp", "ddp_dcp"), ("fsdp2_dcp", "fsdp2_dcp"),
+         for client, job in (("ddp_snapshot", "ddp"), ("ddp_dcp", "ddp_dcp"), ("ddp_unused", "ddp_unused"),
+                             ("fsdp2_dcp", "fsdp2_dcp"),
                              ("tensor_parallel", "tensor_parallel"), ("fsdp1_device_id", "fsdp1_device_id"),
                              ("mp_spawn_ddp", "mp_spawn_ddp"), ("accelerate_torchrun", "accelerate_torchrun"))
          for backend in ("cpu", "sim")]
@@ -248,6 +249,14 @@ def test_client_trains_like_plain_gloo(runs, client, job, backend):
     for rank in (0, 1):
         device = got[rank].get("param_device", got[rank]["device"])
         assert device == ("cpu" if backend == "cpu" else f"sim:{rank}"), device
+
+
+@pytest.mark.parametrize("backend", BACKENDS["ddp_unused"])
+def test_ddp_finds_the_unused_parameters_of_each_step(runs, backend):
+    """``find_unused_parameters=True``: the auxiliary head is updated exactly in the steps that
+    used it (the reducer's map of used parameters, pinned host memory on an accelerator)."""
+    for rank, record in records(runs, f"ddp_unused.{backend}", "ddp_unused").items():
+        assert record["aux_changed"] == [True, False, False, True, False, False], rank
 
 
 @pytest.mark.parametrize("backend", BACKENDS["ddp_snapshot"])

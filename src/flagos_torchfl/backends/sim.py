@@ -60,10 +60,12 @@ class SimBackend(Backend):
         """``native_ops``: the set ``FL_SIM_NATIVE_OPS`` names (ATen names, categories or
         friendly names of the semantic table, or a file such as one ``ops --export`` wrote), or
         the table of the chip ``FL_SIM_PROFILE`` names; None for the default set. ``profile``:
-        that chip (None: none). ``device_memory``: ``FL_SIM_DEVICE_MEMORY`` (None: unset)."""
+        that chip (None: none). ``device_memory``: ``FL_SIM_DEVICE_MEMORY`` (None: unset).
+        ``runtime``: ``FL_SIM_RUNTIME`` (``auto``, ``native`` or ``python``)."""
         spec = variables.read("FL_SIM_NATIVE_OPS", environ)
         profile = variables.read("FL_SIM_PROFILE", environ)
         memory = variables.read("FL_SIM_DEVICE_MEMORY", environ)
+        runtime = variables.read("FL_SIM_RUNTIME", environ)
         native = None
         if profile is not None:
             from .profile_specs import check_profile, native_set
@@ -78,7 +80,8 @@ class SimBackend(Backend):
             from ..aten import names
 
             native = sim.parse_native_ops(spec, resolve_name=names.resolve_semantic)
-        return MappingProxyType({"native_ops": native, "profile": profile, "device_memory": memory})
+        return MappingProxyType({"native_ops": native, "profile": profile, "device_memory": memory,
+                                 "runtime": runtime})
 
     def profile_named(self, options: Mapping[str, Any]) -> Optional[str]:
         """The chip profile ``FL_SIM_PROFILE`` names (:mod:`.profile`), or None."""
@@ -143,7 +146,8 @@ class SimBackend(Backend):
             sim.set_memory_limit(limit)
         name = selection.probe.devices[0].name if selection.probe is not None else None
         sim.install(num_devices=count, native_ops=selection.options["native_ops"], memory_limit=limit,
-                    device_type=self.device_type, device_name=name, bfloat16=self.supports_bfloat16())
+                    device_type=self.device_type, device_name=name, bfloat16=self.supports_bfloat16(),
+                    runtime=selection.options.get("runtime", "auto"))
         self.start_collectives()
         return None
 

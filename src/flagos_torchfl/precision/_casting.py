@@ -115,8 +115,8 @@ def promote(device_type: str, name: str) -> Rule:
     return rule
 
 
-def banned(name: str, advice: str) -> Rule:
-    """An operator autocast refuses (``binary_cross_entropy`` on CUDA): raises with ``advice``."""
+def banned(message: str) -> Rule:
+    """An operator autocast refuses (``binary_cross_entropy`` on CUDA): raises ``message``."""
     def rule(op, args, kwargs):
-        raise RuntimeError(f"{name} is not allowed under autocast: {advice}")
+        raise RuntimeError(message)
     return rule

@@ -11,7 +11,7 @@ their provenance) at such a key, with CUDA's cast policies:
 - ``fp32_set_opt_dtype`` (softmax, log_softmax, sum, cumsum ...): ``dtype=float32`` unless given;
 - ``fp32_append_dtype`` (``norm``): the dtype-taking overload with float32;
 - ``promote`` (addcmul, addcdiv, dot, index_put ...): the widest input dtype;
-- ``banned`` (``binary_cross_entropy``): an error advising the ``_with_logits`` form.
+- ``banned`` (``binary_cross_entropy``): CUDA's error, advising the ``_with_logits`` form.
 
 The kernels only run while autocast is enabled for the device (PyTorch keeps the key excluded
 otherwise) and only touch eligible tensors (see :mod:`._casting`).
@@ -29,9 +29,14 @@ import torch
 from ..aten import dispatcher
 from . import _casting, _dispatch
 
-BCE_ADVICE = ("a sigmoid followed by binary_cross_entropy loses precision in low precision; use "
-              "torch.nn.functional.binary_cross_entropy_with_logits / torch.nn.BCEWithLogitsLoss, "
-              "which autocast runs in float32")
+#: what CUDA's autocast raises for ``binary_cross_entropy`` (``aten/src/ATen/autocast_mode.cpp``),
+#: word for word: code that matches it behaves as on CUDA
+BCE_MESSAGE = (
+    "torch.nn.functional.binary_cross_entropy and torch.nn.BCELoss are unsafe to autocast.\n"
+    "Many models use a sigmoid layer right before the binary cross entropy layer.\n"
+    "In this case, combine the two layers using torch.nn.functional.binary_cross_entropy_with_logits\n"
+    "or torch.nn.BCEWithLogitsLoss.  binary_cross_entropy_with_logits and BCEWithLogits are\n"
+    "safe to autocast.")
 
 #: Operators whose casting kernel shows that a key really autocasts (every one must have one).
 CORE_OPS = dispatcher.AUTOCAST_CORE_OPS
@@ -62,7 +67,7 @@ def _rule(policy: str, name: str, device_type: str) -> _dispatch.Rule:
     if policy == "promote":
         return _casting.promote(device_type, name)
     if policy == "banned":
-        return _casting.banned(name, BCE_ADVICE)
+        return _casting.banned(BCE_MESSAGE)
     raise ValueError(f"unknown autocast policy {policy!r} in the data file")
 
 

@@ -20,14 +20,14 @@ from typing import Iterable
 
 import torch
 
-from ..errors import ConfigError
+from ..errors import ConfigError, suggestion
 from . import registration, runtime, tensors
 from .native_ops import (RUNTIME_PRIMITIVES, can_run_natively, default_native_ops,
                          parse_native_ops, resolve_exact, runtime_primitive_names)
 
 __all__ = [
     "install", "is_installed", "native_op_names", "default_native_ops", "parse_native_ops",
-    "set_memory_limit", "host_view", "RUNTIME_PRIMITIVES",
+    "set_memory_limit", "host_view", "RUNTIME_PRIMITIVES", "runtime_kind", "native_problem",
 ]
 
 logger = logging.getLogger("flagos_torchfl.sim")
@@ -38,12 +38,16 @@ _installed: tuple[int, frozenset[str], str] | None = None
 
 def install(num_devices: int = 1, native_ops: Iterable[str] | None = None,
             memory_limit: int | None = None, device_type: str = "sim",
-            device_name: str | None = None, bfloat16: bool = True) -> types.ModuleType:
+            device_name: str | None = None, bfloat16: bool = True,
+            runtime: str = "auto") -> types.ModuleType:
     """Claim PyTorch's PrivateUse1 slot as device type ``device_type`` (``"sim"``, or a chip's
     name such as ``"npu"`` so that code written for that chip runs) and return its device module
     (also ``torch.<device_type>``). ``device_name``: what ``get_device_name`` answers (None:
     ``'flagos sim device'``). ``bfloat16``: whether the devices compute bfloat16 (False, as on
     a chip model without it: ``is_bf16_supported()`` is False and autocast takes float16 only).
+    ``runtime``: the device runtime, ``"native"`` (the C++ guard, hooks and profiler stubs of
+    :mod:`.native`, built at first use; an error where it cannot be had), ``"python"`` (the
+    Python guard) or ``"auto"`` (native where it can be had, else Python, with a warning).
 
     ``num_devices``: number of sim devices (``sim:0`` ...). ``native_ops``: the overloads the
     devices run natively, fully qualified as :func:`parse_native_ops` and
@@ -65,12 +69,16 @@ def install(num_devices: int = 1, native_ops: Iterable[str] | None = None,
     global _installed
     num_devices = _check_device_count(num_devices, "num_devices")
     _check_limit(memory_limit)
+    if runtime not in registration.RUNTIME_MODES:
+        raise ConfigError(f"unknown sim runtime {runtime!r}.{suggestion(str(runtime), registration.RUNTIME_MODES)} "
+                          f"Valid: {', '.join(registration.RUNTIME_MODES)}")
     native = _native_set(native_ops)
     with _lock:
         if _installed is not None:
-            _check_same(num_devices, native, memory_limit, device_type)
+            _check_same(num_devices, native, memory_limit, device_type, runtime)
             return getattr(torch, device_type)
-        module = registration.claim(num_devices, memory_limit, native, device_type, device_name, bfloat16)
+        module = registration.claim(num_devices, memory_limit, native, device_type, device_name, bfloat16,
+                                    runtime)
         _installed = (num_devices, native, device_type)
     logger.info("sim: installed %d device(s) of type %r on PrivateUse1 with %d native operator "
                 "overloads", num_devices, device_type, len(native))
@@ -90,8 +98,11 @@ def _native_set(native_ops: Iterable[str] | None) -> frozenset[str]:
 
 
 def _check_same(num_devices: int, native: frozenset[str], memory_limit: int | None,
-                device_type: str) -> None:
+                device_type: str, kind: str) -> None:
     installed_devices, installed_native, installed_type = _installed
+    if kind not in ("auto", runtime_kind()):
+        raise ConfigError(f"the sim is already installed with its {runtime_kind()} runtime; it cannot "
+                          f"change to {kind!r} in the same process")
     if device_type != installed_type:
         raise ConfigError(
             f"the sim is already installed as device type {installed_type!r}; it cannot be "
@@ -124,6 +135,19 @@ def _check_device_count(value: object, source: str) -> int:
 def _check_limit(limit: object) -> None:
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
         raise ConfigError(f"memory limit must be None or a number of bytes >= 0, got {limit!r}")
+
+
+def runtime_kind() -> str | None:
+    """The installed sim's device runtime: ``"native"`` or ``"python"``; None before install."""
+    if _installed is None:
+        return None
+    return "python" if runtime.native() is None else "native"
+
+
+def native_problem() -> str | None:
+    """Why ``runtime="auto"`` ran the sim with its Python guard in this process (None: it did
+    not)."""
+    return registration.native_problem()
 
 
 def is_installed() -> bool:

@@ -275,6 +275,7 @@ class _Staging:
         self.back: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.of_host: dict[int, torch.Tensor] = {}
         self.divisor = 1
+        self.inference = torch.is_inference_mode_enabled()
         _count("collectives", 1)
 
     def send(self, t: torch.Tensor) -> torch.Tensor:
@@ -297,11 +298,16 @@ class _Staging:
         return host
 
     def finish(self) -> None:
-        """Copy the results back (after dividing them for an emulated AVG)."""
-        if self.divisor != 1:
-            for _, host in self.back:
-                host.div_(self.divisor)
-        _write_back(self.back)
+        """Copy the results back (after dividing them for an emulated AVG). It runs on a helper
+        thread, where the caller's inference mode (thread-local) is not: it is restored, since
+        tensors made under it can be written only under it (Ultralytics reduces its validation
+        losses inside ``torch.inference_mode()``), and the results are written below autograd,
+        as a chip's collective library writes device memory."""
+        with torch.inference_mode(self.inference), torch.no_grad():
+            if self.divisor != 1:
+                for _, host in self.back:
+                    host.div_(self.divisor)
+            _write_back(self.back)
 
     def as_device(self, value: Any) -> Any:
         """``value`` (a gloo future's result) with host buffers replaced by their sim tensors."""

@@ -22,7 +22,7 @@ import torch
 
 from ..aten import dispatcher
 from ..inline import InlineEvent, InlineStream
-from . import runtime
+from . import native_streams, runtime
 
 __all__ = [
     "is_available", "is_initialized", "init", "device_count", "current_device", "set_device", "device",
@@ -328,9 +328,18 @@ _default_streams: dict[int, Stream] = {}
 _stream_local = threading.local()
 
 
+def use_native_streams() -> None:
+    """Make :class:`Stream` and :class:`Event` PyTorch's ``torch.Stream`` / ``torch.Event`` on the
+    native runtime's guard (:mod:`.native_streams`), once it is registered."""
+    global Stream, Event
+    Stream, Event = native_streams.Stream, native_streams.Event
+
+
 def default_stream(device: Any = None) -> Stream:
     """``device``'s default stream."""
     index = _index(device)
+    if runtime.native() is not None:
+        return native_streams.default_stream(index)
     s = _default_streams.get(index)
     if s is None:
         s = _default_streams.setdefault(index, Stream(index, _stream_id=0))
@@ -340,6 +349,8 @@ def default_stream(device: Any = None) -> Stream:
 def current_stream(device: Any = None) -> Stream:
     """The calling thread's current stream on ``device`` (its default stream unless set)."""
     index = _index(device)
+    if runtime.native() is not None:
+        return native_streams.current_stream(index)
     current = getattr(_stream_local, "streams", {})
     return current.get(index) or default_stream(index)
 
@@ -348,6 +359,8 @@ def set_stream(stream: Stream) -> None:
     """Make ``stream`` current on its device for the calling thread."""
     if stream is None:
         return
+    if runtime.native() is not None:
+        return native_streams.set_stream(stream)
     if not hasattr(_stream_local, "streams"):
         _stream_local.streams = {}
     _stream_local.streams[stream.device.index] = stream

@@ -3,6 +3,7 @@
 sim's own device module, device guard and hooks, plus serialization and native kernels)."""
 from __future__ import annotations
 
+import logging
 import sys
 import types
 from typing import Iterable
@@ -15,6 +16,9 @@ from ..aten.dispatcher import has_backend_fallback
 from ..errors import BackendUnavailableError, PrivateUse1ClaimedError
 from . import device as device_module
 from . import inductor, kernels, runtime, tensors, torch_patches
+from . import native as native_module
+
+logger = logging.getLogger("flagos_torchfl.sim")
 
 _UNCLAIMED = "privateuseone"
 
@@ -41,6 +45,53 @@ def _guard_and_hooks() -> tuple[object, object]:
             return True
 
     return DeviceGuard(), Hooks()
+
+
+RUNTIME_MODES = ("auto", "native", "python")
+
+_native_problem: str | None = None
+
+
+def native_problem() -> str | None:
+    """Why the sim runs with its Python guard in this process (None: it does not, or it was
+    asked to)."""
+    return _native_problem
+
+
+def _native_runtime(mode: str, device_type: str) -> native_module.NativeRuntime | None:
+    """The native runtime to register for ``mode`` (None: the Python guard)."""
+    global _native_problem
+    if mode == "python":
+        return None
+    try:
+        return native_module.load()
+    except native_module.NativeUnavailable as exc:
+        if mode == "native":
+            raise BackendUnavailableError(device_type, f"the sim's native runtime cannot be had: {exc}") from exc
+        _native_problem = str(exc)
+        logger.warning("sim: running with its Python device guard, which answers fewer of PyTorch's "
+                       "questions (streams and events per device, torch.accelerator.device_index, "
+                       "pinned memory, the profiler): %s", exc)
+        return None
+
+
+def _register_native(native_runtime: native_module.NativeRuntime, num_devices: int, bfloat16: bool) -> None:
+    try:
+        native_runtime.register(num_devices, bfloat16)
+    except native_module.NativeUnavailable as exc:
+        raise PrivateUse1ClaimedError(str(exc)) from exc
+    runtime.use_native(native_runtime)
+    device_module.use_native_streams()
+
+
+def _register_python_guard() -> None:
+    guard, hooks = _guard_and_hooks()
+    if not torch._C._acc.register_python_privateuseone_hook(hooks):
+        raise PrivateUse1ClaimedError("PrivateUse1 hooks are already registered by another backend")
+    if not torch._C._acc.register_python_privateuseone_device_guard(guard):
+        raise PrivateUse1ClaimedError(
+            "a PrivateUse1 device guard is already registered by another backend")
+    _keep_alive.extend([hooks, guard])
 
 
 def _vendor_of(name: str) -> str | None:
@@ -96,11 +147,14 @@ def current_owner() -> str | None:
 
 def claim(num_devices: int, memory_limit: int | None, native: Iterable[str],
           device_type: str = "sim", device_name: str | None = None,
-          bfloat16: bool = True) -> types.ModuleType:
+          bfloat16: bool = True, runtime_mode: str = "auto") -> types.ModuleType:
     """Register the sim on PrivateUse1 as device type ``device_type``; returns the device module
-    (``torch.<device_type>``). Raises :class:`PrivateUse1ClaimedError` if another backend holds
-    the slot, :class:`BackendUnavailableError` if the slot cannot take that name
-    (:func:`rename_problem`)."""
+    (``torch.<device_type>``). ``runtime_mode``: ``"native"`` registers the native runtime
+    (:mod:`.native`) and fails when it cannot be built or loaded, ``"python"`` the Python guard
+    and hooks, ``"auto"`` the native runtime where it can be had, else the Python guard with one
+    warning saying why. Raises :class:`PrivateUse1ClaimedError` if another backend holds the
+    slot, :class:`BackendUnavailableError` if the slot cannot take that name
+    (:func:`rename_problem`) or the native runtime was required and cannot be had."""
     missing = compat.sim_missing()
     if missing:
         raise BackendUnavailableError(
@@ -117,6 +171,7 @@ def claim(num_devices: int, memory_limit: int | None, native: Iterable[str],
     problem = rename_problem(device_type)
     if problem:
         raise BackendUnavailableError(device_type, f"the sim cannot be device type {device_type!r}: {problem}")
+    native_runtime = _native_runtime(runtime_mode, device_type)
     runtime.set_device_type(device_type, device_name, bfloat16)
     runtime.start(num_devices, memory_limit)
     name = runtime.DEVICE_TYPE
@@ -124,21 +179,19 @@ def claim(num_devices: int, memory_limit: int | None, native: Iterable[str],
         torch.utils.rename_privateuse1_backend(name)
     if not hasattr(torch.Tensor, name):
         torch.utils.generate_methods_for_privateuse1_backend(
-            for_tensor=True, for_module=True, for_packed_sequence=True, for_storage=False)
+            for_tensor=True, for_module=True, for_packed_sequence=True, for_storage=True)
     if getattr(torch, name, None) is None:
         torch._register_device_module(name, device_module)
-    guard, hooks = _guard_and_hooks()
-    if not torch._C._acc.register_python_privateuseone_hook(hooks):
-        raise PrivateUse1ClaimedError("PrivateUse1 hooks are already registered by another backend")
-    if not torch._C._acc.register_python_privateuseone_device_guard(guard):
-        raise PrivateUse1ClaimedError(
-            "a PrivateUse1 device guard is already registered by another backend")
+    if native_runtime is not None:
+        _register_native(native_runtime, num_devices, bfloat16)
+    else:
+        _register_python_guard()
     library = torch.library.Library("aten", "IMPL")
     kernels.register(library, native)
     _declare_shallow_copy_compatible(library)
-    _keep_alive.extend([hooks, guard, library, _autocast_fallthrough()])
+    _keep_alive.extend([library, _autocast_fallthrough()])
     torch.serialization.register_package(19, _sim_tag, _sim_restore)
-    torch_patches.apply(num_devices)
+    torch_patches.apply(num_devices, native=native_runtime is not None)
     device_module.listen_for_absent_attributes(inductor.asked_for)
     inductor.register_if_loaded()
     return device_module
@@ -179,12 +232,16 @@ def _sim_tag(obj: object) -> str | None:
     return None
 
 
-def _sim_restore(obj: torch.UntypedStorage, location: str) -> torch.UntypedStorage | None:
-    """``torch.load`` hook: put a storage restored on the host onto the sim device that
-    ``location`` (``'sim'`` or ``'sim:N'``) names."""
+def _sim_restore(obj: torch.UntypedStorage | torch.TypedStorage, location: str) -> object:
+    """``torch.load`` hook (and ``torch.serialization.default_restore_location``): put a storage
+    restored on the host onto the sim device that ``location`` (``'sim'`` or ``'sim:N'``)
+    names; a typed storage (the legacy format's) stays typed, as CUDA's hook keeps it."""
     if location != runtime.DEVICE_TYPE and not location.startswith(runtime.DEVICE_TYPE + ":"):
         return None
     index = runtime.to_index(torch.device(location))
     if obj.device == torch.device(runtime.DEVICE_TYPE, index):
         return obj
+    if isinstance(obj, torch.TypedStorage):
+        moved = tensors.copy_storage_to_sim(obj._untyped_storage, index)
+        return torch.TypedStorage(wrap_storage=moved, dtype=obj.dtype, _internal=True)
     return tensors.copy_storage_to_sim(obj, index)

@@ -30,6 +30,20 @@ _allocators: list[CachingAllocator] = []
 _generators: list["SimGenerator"] = []
 _local = threading.local()
 _rng_lock = threading.RLock()
+_native = None
+"""The native runtime (:class:`.native.NativeRuntime`) once registered: it holds each thread's
+current device, which PyTorch's C++ side then sees too; None: the sim's own thread-local."""
+
+
+def use_native(runtime: object) -> None:
+    """Make ``runtime`` (a registered :class:`.native.NativeRuntime`) hold the current device."""
+    global _native
+    _native = runtime
+
+
+def native() -> object:
+    """The registered native runtime, or None when the sim runs with its Python guard."""
+    return _native
 
 
 _MASK64 = (1 << 64) - 1
@@ -188,6 +202,8 @@ def begin_use() -> None:
                 f"Cannot re-initialize {kind} in forked subprocess. To use {kind} with "
                 "multiprocessing, you must use the 'spawn' start method")
         _use = _IN_USE
+        if _native is not None:
+            _native.mark_used(True)
 
 
 def in_use() -> bool:
@@ -204,6 +220,8 @@ def _after_fork_in_child() -> None:
     global _use
     if _use is _IN_USE:
         _use = _BAD_FORK
+        if _native is not None:
+            _native.mark_used(False)
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
@@ -270,13 +288,22 @@ def to_index(device: object = None, optional: bool = True) -> int:
 
 
 def current_device() -> int:
-    """The current device of the calling thread (0 unless set)."""
+    """The current device of the calling thread (0 unless set). With the native runtime it is
+    the device guard's, asked through ``torch.accelerator`` (the sim is PyTorch's accelerator
+    once it holds PrivateUse1), which dynamo reads at trace time and guards on, as it does
+    ``torch.cuda.current_device()``: a compiled program reads it without a graph break."""
+    if _native is not None:
+        return torch.accelerator.current_device_index()
     return getattr(_local, "device", 0)
 
 
 def set_current_device(index: int) -> None:
     """Make ``index`` the calling thread's current device."""
-    _local.device = check_index(index)
+    check_index(index)
+    if _native is not None:
+        _native.set_device(index)
+    else:
+        _local.device = index
 
 
 def allocator(index: int) -> CachingAllocator:

@@ -35,18 +35,21 @@ _applied = False
 _keep_alive: list[object] = []
 
 
-def apply(num_devices: int) -> None:
-    """Apply every patch (once per process)."""
+def apply(num_devices: int, native: bool = False) -> None:
+    """Apply the patches (once per process). ``native``: the native runtime is registered, so
+    PyTorch's autograd engine, ``torch.accelerator``'s device and stream calls and pinned memory
+    reach its guard and hooks, and only what it leaves to Python is patched."""
     global _applied
     if _applied:
         return
     _patch_storage()
-    if num_devices > 1:
+    if num_devices > 1 and not native:
         _patch_autograd_engine()
-    _patch_accelerator()
+    _patch_accelerator(_MEMORY_IMPLS if native else {**_DEVICE_IMPLS, **_MEMORY_IMPLS})
     _patch_generator()
     _patch_record_stream()
-    _keep_alive.append(_pinned_memory_kernels())
+    if not native:
+        _keep_alive.append(_pinned_memory_kernels())
     _applied = True
 
 
@@ -146,10 +149,12 @@ def _allocator_query(method: Callable[[Any], Any]) -> Callable[..., Any]:
     return query
 
 
-_ACCELERATOR_IMPLS: dict[str, Callable[..., Any]] = {
+_DEVICE_IMPLS: dict[str, Callable[..., Any]] = {
     "synchronize": _synchronize,
     "current_device_index": runtime.current_device,
     "set_device_index": _set_device_index,
+}
+_MEMORY_IMPLS: dict[str, Callable[..., Any]] = {
     "empty_cache": _empty_cache,
     "get_memory_info": _memory_info,
     "memory_stats": _allocator_query(lambda a: a.stats()),
@@ -163,17 +168,17 @@ _ACCELERATOR_IMPLS: dict[str, Callable[..., Any]] = {
 _ALIASES = {"current_device_idx": "current_device_index", "set_device_idx": "set_device_index"}
 
 
-def _patch_accelerator() -> None:
+def _patch_accelerator(impls: dict[str, Callable[..., Any]]) -> None:
     import torch.accelerator.memory as accel_memory
 
     for module in (torch.accelerator, accel_memory):
-        for name, impl in _ACCELERATOR_IMPLS.items():
+        for name, impl in impls.items():
             original = getattr(module, name, None)
             if original is None:
                 continue
             setattr(module, name, _dispatching(original, impl))
         for alias, target in _ALIASES.items():
-            if hasattr(module, alias):
+            if hasattr(module, alias) and target in impls:
                 setattr(module, alias, getattr(module, target))
 
 

@@ -146,6 +146,17 @@ def collectives(device):
         out["recv_anysource"] = r
     else:
         dist.send(data(device, salt=24), dst=0)
+    with torch.inference_mode():  # inference tensors are written only under inference mode (Ultralytics' validation)
+        for name in ("SUM", "AVG"):
+            t = data(device, salt=28)
+            dist.all_reduce(t, op=getattr(dist.ReduceOp, name))
+            out[f"inference_mode.all_reduce.{name}"] = t
+        t = data(device, salt=29)
+        dist.reduce(t, dst=0, op=dist.ReduceOp.AVG)
+        out["inference_mode.reduce.AVG"] = t if RANK == 0 else None
+    leaf = data(device, salt=30).requires_grad_()
+    dist.broadcast(leaf, src=0)  # an in-place write into a leaf that requires grad, grad mode on
+    out["broadcast.leaf_requiring_grad"] = leaf.detach()
     out["devices"] = sorted({str(v.device.type) for v in _tensors(out)})
     objs = [None] * WORLD
     dist.all_gather_object(objs, {"rank": RANK, "t": data("cpu", 2, salt=25)})

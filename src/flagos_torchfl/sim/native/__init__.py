@@ -1,0 +1,179 @@
+"""The sim's native runtime (``runtime.cpp`` beside this file): a device guard, PrivateUse1 hooks
+and profiler stubs written in C++, the parts of an accelerator that PyTorch's C++ side asks for and
+a Python backend cannot register (a Python-registered guard answers only the device type).
+
+It is built at first use with the machine's C++ compiler (``$CXX``, else ``c++``, ``g++`` or
+``clang++`` on ``PATH``) against the installed torch's headers, in about five seconds, and kept in a
+cache folder keyed by the source, the torch build and the compiler (``$XDG_CACHE_HOME``, else
+``~/.cache``, under ``flagos_torchfl/sim-native``; a temporary folder where that is not writable).
+Processes that start at once build it once: the build holds a file lock and the result appears by
+an atomic rename. ``pip install`` needs no compiler; without one the sim runs with its Python guard
+(:func:`load` says why), which answers fewer of PyTorch's questions (``docs/design.md``).
+"""
+from __future__ import annotations
+
+import ctypes
+import fcntl
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import Optional
+
+SOURCE = Path(__file__).with_name("runtime.cpp")
+ABI = 1
+"""The interface version of ``runtime.cpp`` this loader speaks (``fl_sim_abi()``)."""
+
+BUILD_TIMEOUT = 300.0
+"""Seconds a build may take before it is abandoned."""
+
+LIBRARY_NAME = "libflagos_sim_runtime.so"
+
+
+class NativeUnavailable(RuntimeError):
+    """The native runtime could not be built or loaded here; the message says why."""
+
+
+class NativeRuntime:
+    """The loaded library: the calling thread's current device and streams, the devices' use,
+    pinned memory. ``current_stream(device)`` and ``exchange_stream(device, id)`` read and set
+    the calling thread's current stream id on a device (0: its default stream)."""
+
+    def __init__(self, library: ctypes.CDLL, path: Path):
+        self.path = path
+        self._lib = library
+        library.fl_sim_register.argtypes = [ctypes.c_int, ctypes.c_int]
+        library.fl_sim_error.restype = ctypes.c_char_p
+        library.fl_sim_set_device.argtypes = [ctypes.c_int]
+        library.fl_sim_mark_used.argtypes = [ctypes.c_int]
+        library.fl_sim_is_pinned.argtypes = [ctypes.c_void_p]
+        library.fl_sim_current_stream.argtypes = [ctypes.c_int]
+        library.fl_sim_current_stream.restype = ctypes.c_int64
+        library.fl_sim_exchange_stream.argtypes = [ctypes.c_int, ctypes.c_int64]
+        library.fl_sim_exchange_stream.restype = ctypes.c_int64
+        self.current_stream = library.fl_sim_current_stream
+        self.exchange_stream = library.fl_sim_exchange_stream
+        self.current_device = library.fl_sim_current_device
+        self._set_device = library.fl_sim_set_device
+
+    def register(self, devices: int, bfloat16: bool) -> None:
+        """Register the guard, hooks and profiler stubs on PrivateUse1 for ``devices`` devices.
+        Raises :class:`NativeUnavailable` when another backend's guard or hooks are there."""
+        status = self._lib.fl_sim_register(devices, int(bool(bfloat16)))
+        if status != 0:
+            raise NativeUnavailable(self._lib.fl_sim_error().decode(errors="replace"))
+
+    def set_device(self, index: int) -> None:
+        """Make ``index`` the calling thread's current device (checked by the caller)."""
+        if self._set_device(index) != 0:
+            raise RuntimeError(f"invalid device index {index}")
+
+    def mark_used(self, used: bool) -> None:
+        """Record whether the devices were used in this process (the hooks' primary context)."""
+        self._lib.fl_sim_mark_used(int(used))
+
+    def is_pinned(self, address: int) -> bool:
+        """Whether ``address`` lies inside a block of the pinned host allocator."""
+        return bool(self._lib.fl_sim_is_pinned(address))
+
+
+def load(cache_dir: Optional[Path] = None, timeout: float = BUILD_TIMEOUT) -> NativeRuntime:
+    """The native runtime, built first if this torch and compiler have no build in the cache.
+    Raises :class:`NativeUnavailable` naming what is missing (no compiler, a failed or
+    timed-out build, a library that does not load)."""
+    import torch
+
+    compiler = find_compiler()
+    torch_dir = Path(torch.__file__).parent
+    folder = (cache_dir or default_cache_dir()) / build_key(compiler, torch_dir, torch.__version__)
+    library = folder / LIBRARY_NAME
+    if not library.exists():
+        _build_locked(compiler, torch_dir, folder, library, timeout)
+    try:
+        lib = ctypes.CDLL(str(library))
+    except OSError as exc:
+        raise NativeUnavailable(f"the sim's native runtime ({library}) does not load: {exc}") from exc
+    if lib.fl_sim_abi() != ABI:
+        raise NativeUnavailable(f"{library} speaks interface {lib.fl_sim_abi()}, not {ABI}")
+    return NativeRuntime(lib, library)
+
+
+def find_compiler() -> str:
+    """The C++ compiler to build with: ``$CXX``, else the first of ``c++``, ``g++``,
+    ``clang++`` on ``PATH``."""
+    named = os.environ.get("CXX", "").strip()
+    if named:
+        found = shutil.which(named.split()[0])
+        if found is None:
+            raise NativeUnavailable(f"CXX={named!r} names no program on PATH")
+        return found
+    for candidate in ("c++", "g++", "clang++"):
+        found = shutil.which(candidate)
+        if found:
+            return found
+    raise NativeUnavailable("no C++ compiler found (set CXX, or install g++ or clang++)")
+
+
+def default_cache_dir() -> Path:
+    """``$XDG_CACHE_HOME`` (else ``~/.cache``) ``/flagos_torchfl/sim-native``, or a folder in the
+    temporary directory when that cannot be created."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    folder = Path(base) / "flagos_torchfl" / "sim-native"
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        if os.access(folder, os.W_OK):
+            return folder
+    except OSError:
+        pass
+    return Path(tempfile.gettempdir()) / f"flagos_torchfl-sim-native-{os.getuid()}"
+
+
+def build_key(compiler: str, torch_dir: Path, torch_version: str) -> str:
+    """The cache entry of one build: the source, the torch build it links and the compiler."""
+    digest = hashlib.sha256(SOURCE.read_bytes())
+    for part in (compiler, str(torch_dir), torch_version):
+        digest.update(b"\0" + part.encode())
+    return f"{torch_version.replace('+', '_')}-{digest.hexdigest()[:16]}"
+
+
+def compile_command(compiler: str, torch_dir: Path, output: Path) -> list[str]:
+    """The command that builds ``runtime.cpp`` into ``output`` against the torch in
+    ``torch_dir``, with that build's C++ ABI."""
+    import torch
+
+    include = torch_dir / "include"
+    lib = torch_dir / "lib"
+    abi = int(bool(getattr(torch._C, "_GLIBCXX_USE_CXX11_ABI", True)))
+    return [compiler, "-O2", "-std=c++20", "-fPIC", "-shared", f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
+            f"-I{include}", f"-I{include / 'torch' / 'csrc' / 'api' / 'include'}", str(SOURCE),
+            f"-L{lib}", "-lc10", "-ltorch_cpu", f"-Wl,-rpath,{lib}", "-o", str(output)]
+
+
+def _build_locked(compiler: str, torch_dir: Path, folder: Path, library: Path, timeout: float) -> None:
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        lock = open(folder / ".lock", "w")
+    except OSError as exc:
+        raise NativeUnavailable(f"cannot write the build folder {folder}: {exc}") from exc
+    with lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # another process may be building the same entry
+        if library.exists():
+            return
+        partial = folder / f".{LIBRARY_NAME}.{os.getpid()}.tmp"
+        command = compile_command(compiler, torch_dir, partial)
+        try:
+            done = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
+        except subprocess.TimeoutExpired as exc:
+            partial.unlink(missing_ok=True)
+            raise NativeUnavailable(f"building the sim's native runtime took over {timeout:.0f} s "
+                                    f"({compiler})") from exc
+        except OSError as exc:
+            raise NativeUnavailable(f"the C++ compiler {compiler} cannot run: {exc}") from exc
+        if done.returncode != 0 or not partial.exists():
+            partial.unlink(missing_ok=True)
+            tail = "\n".join((done.stderr or done.stdout).strip().splitlines()[-8:])
+            raise NativeUnavailable(f"the C++ compiler {compiler} failed (status {done.returncode}) "
+                                    f"building the sim's native runtime:\n{tail}")
+        os.replace(partial, library)
