@@ -182,6 +182,13 @@ FEATURES: Dict[str, Feature] = {f.name: f for f in (
     Feature("inductor_backend_registration",
             "torch._inductor.codegen.common.init_backend_registration (registers Inductor's own code generators)",
             _SINCE_AFTER_2_1, _attr("torch._inductor.codegen.common.init_backend_registration")),
+    Feature("inductor_device_op_overrides",
+            "torch._inductor.codegen.common.register_device_op_overrides (a device's op overrides for Inductor)",
+            {_NEW: True, "2.14.1": True}, _attr("torch._inductor.codegen.common.register_device_op_overrides")),
+    Feature("inductor_backend_options",
+            "register_backend_for_device(device_fx_wrapper_codegen=, device_custom_pass=) (a device's FX wrapper "
+            "and its graph pass, part of Inductor's cache key)",
+            {_NEW: True, "2.14.1": True}, lambda: _inductor_backend_options()),
     Feature("dynamo_unhooks_optimizer_steps",
             "torch.compile taking the step-hook wrapper off torch.optim's optimizers (dynamo's TorchPatcher.patch)",
             {_OLD: True, _NEW: False, "2.14.1": False}, lambda: _dynamo_unhooks_optimizer_steps()),
@@ -217,6 +224,17 @@ def _dynamo_unhooks_optimizer_steps() -> bool:
     patch = getattr(patcher, "patch", None)
     code = getattr(inspect.unwrap(patch), "__code__", None) if patch is not None else None
     return code is not None and "unwrapped_step" in code.co_varnames
+
+
+def _inductor_backend_options() -> bool:
+    import inspect
+
+    try:
+        from torch._inductor.codegen import common
+    except ImportError:
+        return False
+    accepted = inspect.signature(common.register_backend_for_device).parameters
+    return {"device_fx_wrapper_codegen", "device_custom_pass"} <= set(accepted)
 
 
 def _cpu_autocast_float16() -> bool:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable, List, Optional
 
-from . import active, variables
+from . import active, optimizer_steps, variables
 from .backends.memory import NotApplied
 from .config import format_bytes
 from .log import get_logger
@@ -137,18 +137,15 @@ def memory_pool_defrag() -> List[Defrag]:
 
 def clear_every(interval: int, release: Callable[[], None]) -> Callable[[], None]:
     """Call ``release`` after every ``interval``-th optimizer step of the process (each
-    optimizer's ``step`` counts), through ``register_optimizer_step_post_hook``; returns the
-    undo, which removes the hook."""
-    from torch.optim.optimizer import register_optimizer_step_post_hook
-
+    outermost ``step`` counts: :mod:`.optimizer_steps`); returns the undo."""
     steps = [0]
 
-    def hook(optimizer, args, kwargs) -> None:
+    def hook(optimizer) -> None:
         steps[0] += 1
         if steps[0] % interval == 0:
             release()
             log.debug("memory pool cleared after optimizer step %d", steps[0])
-    return register_optimizer_step_post_hook(hook).remove
+    return optimizer_steps.after_each_step(hook)
 
 
 def activate(selection) -> Optional[Callable[[], None]]:

@@ -162,7 +162,8 @@ def _jobs(root: Path) -> dict:
     argv = _torchrun(str(CLIENTS / "ddp_dcp.py"), str(folder / "ckpt"), str(folder))
     jobs["ddp_dcp.ascend910a"] = ((lambda argv=argv: _run(
         [sys.executable, "-m", "flagos_torchfl", "run", "--profile", "ascend:910a", "--", *argv])), folder)
-    for job, chip in (("premul_sum.sim", ["--backend", "sim"]), ("premul_sum.ascend", ["--profile", "ascend"])):
+    for job, chip in (("premul_sum.sim", ["--backend", "sim"]), ("premul_sum.cpu", ["--backend", "cpu"]),
+                      ("premul_sum.ascend", ["--profile", "ascend"])):
         folder = out(job)
         argv = _torchrun(str(CLIENTS / "premul_sum.py"), str(folder))
         jobs[job] = ((lambda argv=argv, chip=chip: _run(
@@ -285,13 +286,13 @@ def test_ddp_with_the_idiom_trains_on_the_ascend_910a_profile(runs):
 PREMUL_SUM_CALLS = ("all_reduce", "reduce_scatter", "fsdp_divide_factor")
 
 
-@needing("premul_sum", "sim")
-def test_premul_sum_reduces_as_nccl_defines_it_on_sim(runs):
-    """NCCL's PREMUL_SUM (each input times the factor, then summed) on the sim, whose staged
-    collectives run on gloo, which lacks it: all_reduce, reduce_scatter_tensor (its input kept)
-    and FSDP2's reduce-scatter under ``set_gradient_divide_factor``."""
-    for rank, record in records(runs, "premul_sum.sim", "premul_sum").items():
-        assert record["device"] == f"sim:{rank}"
+@pytest.mark.parametrize("backend", BACKENDS["premul_sum"])
+def test_premul_sum_reduces_as_nccl_defines_it(runs, backend):
+    """NCCL's PREMUL_SUM (each input times the factor, then summed) on the cpu backend and the
+    sim, whose collectives are gloo's, which refuses it: all_reduce, reduce_scatter_tensor (its
+    input kept) and FSDP2's reduce-scatter under ``set_gradient_divide_factor`` (torchtitan's)."""
+    for rank, record in records(runs, f"premul_sum.{backend}", "premul_sum").items():
+        assert record["device"] == ("cpu" if backend == "cpu" else f"sim:{rank}")
         for call in PREMUL_SUM_CALLS:
             assert record[call].get("got") == record[call]["expected"], (call, record[call])
         assert record["reduce_scatter"]["input_kept"] is True

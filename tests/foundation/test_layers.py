@@ -10,7 +10,7 @@ from tests.helpers import ROOT
 
 SRC = ROOT / "src" / "flagos_torchfl"
 #: package -> the packages of flagos_torchfl it may import (besides errors, log, variables, config, compat,
-#: autoload, atomic_file, inline)
+#: autoload, atomic_file, inline, optimizer_steps)
 ALLOWED = {
     "aten": set(),
     "sim": {"aten"},
@@ -19,7 +19,7 @@ ALLOWED = {
     "redirect": {"backends"},
     "k8s": {"backends"},
 }
-BASE = {"errors", "log", "variables", "config", "compat", "autoload", "atomic_file", "inline"}
+BASE = {"errors", "log", "variables", "config", "compat", "autoload", "atomic_file", "inline", "optimizer_steps"}
 
 
 def imported_packages(path):

@@ -44,6 +44,29 @@ def test_a_compiled_factory_still_translates_cuda(cpu_backend):
         assert on_cuda(torch.ones(2)).device.type == "cpu"
 
 
+def test_wrapped_tensor_methods_compile_without_a_graph_break(cpu_backend):
+    """``Tensor.new_ones`` ... are wrappers under activation; dynamo puts the methods they wrap in
+    the graph as in plain torch (it once broke the graph at each: torchtitan's compiled
+    ``create_block_mask``), under a TorchFunctionMode too."""
+    import torch._dynamo.utils as dynamo_utils
+    from torch.overrides import TorchFunctionMode
+
+    class Passing(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    def program(x):
+        with Passing():
+            made = x.new_ones(3) + x.new_zeros(3, device="cuda") + x.new_full((3,), 2.0) + x.new_empty(3).fill_(1)
+        return made + x.to("cuda") + x.cuda() + torch.ones(3, device="cuda")
+
+    torch._dynamo.reset()
+    dynamo_utils.counters.clear()
+    compiled = torch.compile(program, backend="eager")
+    assert compiled(torch.ones(3)).tolist() == program(torch.ones(3)).tolist() == [7.0] * 3
+    assert not dynamo_utils.counters["graph_break"], dict(dynamo_utils.counters["graph_break"])
+
+
 def test_deactivation_gives_the_device_context_torch_s_list_back(cpu_backend):
     from torch.utils import _device
 

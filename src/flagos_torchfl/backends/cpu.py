@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 from typing import Mapping, Optional
 
-from .. import compat, variables
+from .. import compat, optimizer_steps, variables
 from ..config import format_bytes
 from ..errors import ConfigError
 from ..log import get_logger
@@ -86,13 +86,16 @@ class CpuBackend(Backend):
     def device_module(self) -> HostRuntime:
         return HostRuntime()
 
+    def runs_premul_sum_at_entry(self) -> bool:
+        """True: the CUDA program's ``"nccl"`` is gloo here, which refuses PREMUL_SUM ("Cannot
+        use ReduceOp.PREMUL_SUM with Gloo") where NCCL has it; FSDP2's
+        ``set_gradient_divide_factor`` (torchtitan sets it) reduce-scatters with it."""
+        return True
+
     def apply_memory_limit(self, selection):
-        """A checked limit: after every optimizer step (``register_optimizer_step_post_hook``)
+        """A checked limit: after every optimizer step (:mod:`..optimizer_steps`)
         the process's resident memory is compared with the limit and ``torch.OutOfMemoryError``
         raised past it. Warns once per activation that allocations themselves are not capped."""
-        import torch
-        from torch.optim.optimizer import register_optimizer_step_post_hook
-
         limit = selection.memory_limit_bytes(0)
         if limit is None:
             raise NotApplied("the host's memory size is unknown, so a fraction of it cannot be resolved")
@@ -101,7 +104,7 @@ class CpuBackend(Backend):
                     "optimizer step (torch.OutOfMemoryError past it), not at each allocation",
                     format_bytes(limit))
 
-        def check(optimizer, args, kwargs):
+        def check(optimizer):
             resident, peak = process_memory()
             if resident > limit:
                 raise compat.out_of_memory_error()(
@@ -110,7 +113,7 @@ class CpuBackend(Backend):
                     f"{format_bytes(limit)} after an optimizer step. To fit: lower the batch "
                     "size or the model's size, free tensors kept between steps, or raise "
                     "memory_virtual_limit (FL_MEMORY_VIRTUAL_LIMIT).")
-        return register_optimizer_step_post_hook(check).remove
+        return optimizer_steps.after_each_step(check)
 
     def memory_figures(self, index: int) -> PoolFigures:
         """The process's resident memory (as ``allocated`` and ``reserved``) and its peak; no

@@ -34,9 +34,23 @@ class SimBackend(Backend):
     profiler_activity = "PrivateUse1"
     auto_selectable = False
     devices_env = "FL_SIM_DEVICES"
-    pins_at_allocation = False  # a Python PrivateUse1 backend cannot register a pinned allocator
     provides_deepspeed_accelerator = True  # profiles too: no vendor plugin for DeepSpeed to find
-    resolves_unindexed_device = True  # its Python device guard cannot follow set_device
+
+    @property
+    def pins_at_allocation(self) -> bool:
+        """With its native runtime, whose hooks give PyTorch a pinned host allocator; its Python
+        guard cannot register one (factories then allocate and pin)."""
+        from .. import sim
+
+        return sim.runtime_kind() == "native"
+
+    @property
+    def resolves_unindexed_device(self) -> bool:
+        """Without its native runtime: the Python device guard cannot follow ``set_device``, so
+        ``"sim"`` without an index is resolved to the current device before it reaches torch."""
+        from .. import sim
+
+        return sim.runtime_kind() != "native"
 
     def probe(self, timeout=None, count_ops=True, query_tools=True, driver=None) -> ProbeResult:
         from .. import compat
@@ -54,6 +68,9 @@ class SimBackend(Backend):
             return ProbeResult(backend=self.name, status="misconfigured", reason=str(exc))
         result.devices = [DeviceInfo(i, "flagos sim device", memory) for i in range(count)]
         result.notes.append("not probed: registering it claims PrivateUse1 for the process")
+        from ..sim import native
+
+        result.notes.append(native.status())
         return result
 
     def options(self, environ: Mapping[str, str] = os.environ) -> Mapping[str, Any]:

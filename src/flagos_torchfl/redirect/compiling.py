@@ -62,6 +62,9 @@ def patch_compile_fallback(target: Target, patcher: Patcher) -> None:
     patcher.setattr(wrapper, "__call__", __call__)
 
 
+_DESCRIPTORS = (types.MethodDescriptorType, types.WrapperDescriptorType, types.BuiltinFunctionType)
+
+
 @patch_function("compile_traces_torch_functions", waits_for="torch._dynamo.trace_rules")
 def patch_trace_rules(target: Target, patcher: Patcher) -> None:
     """dynamo's table of torch's functions (built from torch's names the first time it traces)
@@ -78,6 +81,18 @@ def patch_trace_rules(target: Target, patcher: Patcher) -> None:
         return original_of(original(name))
 
     patcher.setattr(trace_rules, "load_object", load_object)
+    # the Tensor methods dynamo puts in the graph, read from torch.Tensor's attributes: a
+    # wrapped method (Tensor.new_ones ...) is a Python function there, so the method it wraps
+    # is added, or a wrapper's call of it would break the graph (torchtitan's compiled
+    # create_block_mask calls new_ones)
+    tensor_methods = trace_rules.get_tensor_method
+
+    @functools.cache
+    def get_tensor_method() -> frozenset:
+        wrapped = (original_of(getattr(torch.Tensor, name, None)) for name in dir(torch.Tensor))
+        return tensor_methods() | frozenset(m for m in wrapped if isinstance(m, _DESCRIPTORS))
+
+    patcher.setattr(trace_rules, "get_tensor_method", get_tensor_method)
 
 
 @patch_function("compile_keeps_step_hooks", waits_for="torch._dynamo.eval_frame")

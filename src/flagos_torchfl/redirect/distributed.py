@@ -121,8 +121,8 @@ _PREMUL_SUM_INPUTS = {"all_reduce": "tensor", "reduce_scatter_single": "input",
 def patch_premul_sum(target: Target, patcher: Patcher) -> None:
     """``all_reduce`` and the reduce-scatters (:data:`_PREMUL_SUM_INPUTS`) with
     ``op=ReduceOp.PREMUL_SUM(factor)`` on the chip's tensors, where the chip says its library
-    runs them here (``Backend.runs_premul_sum_at_entry``: the sim, whose staged collectives run
-    on gloo): the inputs are multiplied by the factor, then reduced with SUM, which is what
+    runs them here (``Backend.runs_premul_sum_at_entry``: the cpu backend and the sim, whose
+    collectives are gloo's): the inputs are multiplied by the factor, then reduced with SUM, which is what
     PREMUL_SUM means (NCCL multiplies each input before it sums). ``all_reduce`` scales its
     tensor in place, as it overwrites it; the reduce-scatters scale a copy of their inputs."""
     if not target.chip.runs_premul_sum_at_entry():

@@ -12,6 +12,7 @@ import threading
 import time
 from typing import Callable, Dict, List, Optional
 
+from .. import optimizer_steps
 from ..config import format_bytes
 from .budget import format_share
 
@@ -38,13 +39,11 @@ class Census:
 
     def start(self) -> Callable[[], None]:
         """Begin counting; returns :meth:`stop`."""
-        from torch.optim.optimizer import register_optimizer_step_post_hook
-
         undo = self.chip.observe_native_calls(self._native_call)
         if undo is not None:
             self.native_timed = True
             self._undo.append(undo)
-        self._undo.append(register_optimizer_step_post_hook(self._step).remove)
+        self._undo.append(optimizer_steps.after_each_step(self._step))
         return self.stop
 
     def stop(self) -> None:

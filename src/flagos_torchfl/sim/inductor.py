@@ -24,12 +24,12 @@ the device index, so the index cannot be written into the code).
 from __future__ import annotations
 
 import functools
-import inspect
 import sys
 from typing import Any
 
 import torch
 
+from .. import compat
 from . import runtime
 
 CODEGEN_NAMES = ("Scheduling", "PythonWrapperCodegen", "CppWrapperCodegen", "WrapperFxCodegen")
@@ -82,20 +82,16 @@ def register_backend() -> bool:
         return False
     register_device_interface()
     _treat_as_cpu()
-    if hasattr(common, "register_device_op_overrides"):
+    if compat.has("inductor_device_op_overrides"):
         common.register_device_op_overrides(runtime.DEVICE_TYPE, _op_overrides(CpuDeviceOpOverrides)())
     extra: dict[str, Any] = {}
-    accepted = inspect.signature(common.register_backend_for_device).parameters
-    try:
+    if compat.has("inductor_backend_options"):
         from torch._inductor.codegen.wrapper_fxir import WrapperFxCodegen
-    except ImportError:
-        pass
-    else:
-        if "device_fx_wrapper_codegen" in accepted:
-            extra["device_fx_wrapper_codegen"] = WrapperFxCodegen
-    cache_key = _cache_key_pass()
-    if cache_key is not None and "device_custom_pass" in accepted:
-        extra["device_custom_pass"] = cache_key
+
+        extra["device_fx_wrapper_codegen"] = WrapperFxCodegen
+        cache_key = _cache_key_pass()
+        if cache_key is not None:
+            extra["device_custom_pass"] = cache_key
     common.register_backend_for_device(runtime.DEVICE_TYPE, CppScheduling, _wrapper(PythonWrapperCodegen),
                                        CppWrapperCpu, **extra)
     return True

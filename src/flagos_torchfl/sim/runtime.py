@@ -288,12 +288,16 @@ def to_index(device: object = None, optional: bool = True) -> int:
 
 
 def current_device() -> int:
-    """The current device of the calling thread (0 unless set). With the native runtime it is
-    the device guard's, asked through ``torch.accelerator`` (the sim is PyTorch's accelerator
-    once it holds PrivateUse1), which dynamo reads at trace time and guards on, as it does
-    ``torch.cuda.current_device()``: a compiled program reads it without a graph break."""
+    """The current device of the calling thread (0 unless set): the native runtime's (which
+    PyTorch's C++ side reads too) when it is registered, else the sim's own thread-local.
+    Asking is not a use of the devices. Under dynamo it is asked through ``torch.accelerator``
+    (the sim holds PrivateUse1, so it is PyTorch's accelerator), which dynamo folds at trace
+    time and guards on, as it does ``torch.cuda.current_device()``: compiled code that creates
+    tensors on the current device has no graph break."""
     if _native is not None:
-        return torch.accelerator.current_device_index()
+        if torch.compiler.is_compiling():
+            return torch.accelerator.current_device_index()
+        return _native.current_device()
     return getattr(_local, "device", 0)
 
 

@@ -100,6 +100,22 @@ def load(cache_dir: Optional[Path] = None, timeout: float = BUILD_TIMEOUT) -> Na
     return NativeRuntime(lib, library)
 
 
+def status(cache_dir: Optional[Path] = None) -> str:
+    """One line for ``detect``, without building: where the built runtime is, or which compiler
+    will build it at first use, or why the sim will run on its Python guard."""
+    import torch
+
+    try:
+        compiler = find_compiler()
+    except NativeUnavailable as exc:
+        return f"native runtime unavailable ({exc}): the sim will run on its Python guard"
+    torch_dir = Path(torch.__file__).parent
+    library = (cache_dir or default_cache_dir()) / build_key(compiler, torch_dir, torch.__version__) / LIBRARY_NAME
+    if library.exists():
+        return f"native runtime built: {library}"
+    return f"native runtime: built at first use with {compiler} (about 10 s of CPU, once)"
+
+
 def find_compiler() -> str:
     """The C++ compiler to build with: ``$CXX``, else the first of ``c++``, ``g++``,
     ``clang++`` on ``PATH``."""
