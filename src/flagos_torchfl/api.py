@@ -31,7 +31,9 @@ _assigned: dict = {}
 
 
 def _activate_chip(selection: Selection) -> Optional[Callable[[], None]]:
-    return selection.chip.activate(selection)
+    from .backends import activation
+
+    return activation.activate(selection.chip, selection)
 
 
 def _activate_routing(selection: Selection) -> Optional[Callable[[], None]]:

@@ -47,7 +47,7 @@ def _greeting_patch(module_name: str, name: str = "greeting", calls: list = None
 
     def apply(target, patcher):
         if calls is not None:
-            calls.append(target.backend)
+            calls.append(target.chip_name)
         module = sys.modules[module_name]
         patcher.wrap(module, "greet", lambda original: lambda: f"redirected ({original()})")
 

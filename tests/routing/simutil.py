@@ -12,11 +12,12 @@ from tests.conformance.harness import small_native_ops
 def start_sim(env: Optional[Mapping[str, str]] = None, backend: str = "sim"):
     """Set ``env``, install the sim and activate routing; returns (router, undo)."""
     from flagos_torchfl import routing
+    from flagos_torchfl.backends import activation
     from flagos_torchfl.selection import build_selection
 
     os.environ.update(env or {})
     selection = build_selection(backend, {})
-    selection.chip.activate(selection)
+    activation.activate(selection.chip, selection)
     undo = routing.activate(selection)
     return routing.active_router(), undo
 

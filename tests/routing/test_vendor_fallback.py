@@ -18,10 +18,11 @@ def vendor_fallback(op, *args, **kwargs):
 @pytest.fixture(scope="module")
 def router():
     from flagos_torchfl import routing, sim
+    from flagos_torchfl.backends import activation
     from flagos_torchfl.selection import build_selection
 
     selection = build_selection("sim", {})
-    selection.chip.activate(selection)
+    activation.activate(selection.chip, selection)
     assert sim.is_installed()
     vendor = torch.library.Library("_", "IMPL")
     vendor.fallback(vendor_fallback, "PrivateUse1")

@@ -1,75 +1,23 @@
-"""The shape every chip family fills in: what it is, how to probe it, and every answer that
-differs from one chip to another.
+"""The shape every chip family fills in: what it is, its answers to the probe's steps
+(:mod:`.probing` runs them), and every answer that differs from one chip to another
+(:mod:`.activation` starts it).
 
 The layers above ask a :class:`Backend`; they never test a backend's name. A backend module
 knows nothing of patches or routing: it answers questions about one kind of chip.
 """
 from __future__ import annotations
 
-import dataclasses
-import importlib
-import importlib.util
 import os
 import sys
 from types import MappingProxyType
 from typing import Any, Callable, FrozenSet, List, Mapping, Optional, Tuple
 
-from .. import autoload
-from ..log import get_logger
 from . import environment as _environment
 from . import memory as _memory
-from . import probe as _probe
-from . import visible as _visible
+from . import probing as _probing
+from .probing import DeviceInfo, ProbeResult, Unavailable
 
-log = get_logger("backends")
-
-
-@dataclasses.dataclass(frozen=True)
-class DeviceInfo:
-    index: int
-    name: str
-    total_memory: Optional[int] = None
-
-
-@dataclasses.dataclass
-class ProbeResult:
-    """What probing one backend found. ``reason`` says in plain words why it is unavailable."""
-
-    backend: str
-    status: str  # "available", "unavailable", "on-request" or "misconfigured"
-    reason: Optional[str] = None
-    devices: List[DeviceInfo] = dataclasses.field(default_factory=list)
-    driver: Optional[str] = None
-    runtime: Optional[str] = None
-    native_ops: Optional[int] = None
-    notes: List[str] = dataclasses.field(default_factory=list)
-
-    @property
-    def available(self) -> bool:
-        return self.status in ("available", "on-request")
-
-    def raise_if_misconfigured(self) -> None:
-        """Raise ConfigError when the probe found a bad setting (not a missing chip): an ordered
-        list or automatic selection must not silently skip a backend that was asked for wrongly."""
-        if self.status == "misconfigured":
-            from ..errors import ConfigError
-
-            raise ConfigError(f"backend {self.backend!r} is misconfigured: {self.reason}")
-
-    @property
-    def device_count(self) -> int:
-        return len(self.devices)
-
-    def as_dict(self) -> dict:
-        return dataclasses.asdict(self)
-
-
-class Unavailable(Exception):
-    """Raised inside a probe step to end the probe with ``reason``."""
-
-    def __init__(self, reason: str):
-        super().__init__(reason)
-        self.reason = reason
+__all__ = ["Backend", "DeviceInfo", "ProbeResult", "Unavailable"]
 
 
 class Backend:
@@ -146,47 +94,16 @@ class Backend:
     resolves_unindexed_device: bool = False
 
     # ----------------------------------------------------------------- probing
+    # the steps of the probe procedure (:func:`.probing.run`), which a chip overrides where its
+    # answer differs
     def probe(self, timeout: Optional[float] = None, count_ops: bool = True, query_tools: bool = True,
               driver: Optional[Tuple[Optional[str], Optional[str]]] = None) -> ProbeResult:
-        """Find whether this backend can run here. Never raises and never hangs past ``timeout``
-        per step; every failure becomes ``reason``, and a misconfiguration (a ConfigError)
-        becomes status ``"misconfigured"``. The vendor's query tool (which only adds the driver
-        version) is run when ``query_tools`` is True, unless ``driver`` (a result of
-        :meth:`query_driver` obtained already) is given."""
-        from ..errors import ConfigError
-
-        timeout = _probe.probe_timeout() if timeout is None else timeout
-        result = ProbeResult(backend=self.name, status="unavailable")
-        if driver is None and query_tools:
-            driver = self.query_driver(timeout)
-        result.driver, driver_problem = driver or (None, None)
-        if driver_problem:
-            result.notes.append(driver_problem)
-        try:
-            self.check_host(result, driver_problem)
-            with _visible.translated(self.visible_devices_env if self.plugin_found() else None):
-                module = self.load_runtime(timeout)
-                result.runtime = self.runtime_version(module)
-                result.devices = self.list_devices(module, timeout)
-        except Unavailable as exc:
-            result.reason = exc.reason
-            return result
-        except ConfigError as exc:
-            result.status, result.reason = "misconfigured", str(exc)
-            return result
-        result.status = "available"
-        if count_ops:
-            result.native_ops = len(self.native_ops(self.options()))
-        return result
+        """Whether this backend can run here (:func:`.probing.run`): never raises, never hangs."""
+        return _probing.run(self, timeout, count_ops, query_tools, driver)
 
     def plugin_found(self) -> bool:
         """Whether the vendor plugin is installed (found, not imported); True for none needed."""
-        if not self.plugin_module:
-            return True
-        try:
-            return importlib.util.find_spec(self.plugin_module) is not None
-        except (ImportError, ValueError):
-            return False
+        return _probing.plugin_found(self.plugin_module)
 
     def driver_present(self) -> bool:
         """Whether the vendor's query tool is worth running here (its plugin or driver is
@@ -196,50 +113,14 @@ class Backend:
     def query_driver(self, timeout: float) -> Tuple[Optional[str], Optional[str]]:
         """(driver version, None) from the query tool, or (None, problem); (None, None) when
         there is no tool or :meth:`driver_present` says there is nothing to ask it about."""
-        if not self.query_tool or not self.driver_present():
-            return None, None
-        out, problem = _probe.run_tool(list(self.query_tool), timeout)
-        if problem:
-            return None, problem
-        version = _probe.search_version(self.driver_pattern, out)
-        if version is None:
-            return None, f"could not read a driver version from `{' '.join(self.query_tool)}` output"
-        return version, None
+        return _probing.query_driver(self, timeout)
 
     def check_host(self, result: ProbeResult, driver_problem: Optional[str]) -> None:
         """Raise :class:`Unavailable` when the host plainly cannot run this chip."""
 
     def load_runtime(self, timeout: float) -> Any:
         """Import the vendor plugin (if any) and return the torch device module."""
-        applied = _memory.add_allocator_option(self.allocator_conf_env)
-        if applied is not None and self.runtime_started():
-            log.warning("FL_EXPANDABLE_SEGMENTS=1 comes too late for this process: the %s allocator "
-                        "started before activation and read its options then; %s=%s now reaches child "
-                        "processes only. Start the program with `python -m flagos_torchfl run` or "
-                        "activate before the device is first used", self.name, *applied)
-        elif applied is not None:
-            log.info("FL_EXPANDABLE_SEGMENTS=1 applied as %s=%s", *applied)
-        if self.plugin_module:
-            if not self.plugin_found():
-                raise Unavailable(f"{self.plugin_module} is not installed")
-            # a failure the start-up probe recorded means importing it here would fail again,
-            # unless this process has imported it already (the program's own ``import torch_npu``)
-            problem = None if self.plugin_module in sys.modules else autoload.plugin_problem(self.plugin_module)
-            if problem:
-                raise Unavailable(problem)
-            _, problem = _probe.call_with_timeout(
-                lambda: importlib.import_module(self.plugin_module), timeout,
-                f"importing {self.plugin_module}",
-            )
-            if problem:
-                raise Unavailable(autoload.explain_import(self.plugin_module, problem))
-        import torch
-
-        module = getattr(torch, self.device_type, None)
-        if module is None:
-            source = self.plugin_module or "torch"
-            raise Unavailable(f"{source} provides no torch.{self.device_type} module")
-        return module
+        return _probing.load_runtime(self, timeout)
 
     def runtime_started(self) -> bool:
         """Whether this chip's runtime was already initialised in this process (its allocator has
@@ -258,24 +139,7 @@ class Backend:
 
     def list_devices(self, module: Any, timeout: float) -> List[DeviceInfo]:
         """The visible devices, through the device module; raises Unavailable for none."""
-
-        def read():
-            count = int(module.device_count())
-            devices = []
-            for i in range(count):
-                props = module.get_device_properties(i)
-                name = getattr(props, "name", None) or module.get_device_name(i)
-                devices.append(DeviceInfo(i, str(name), getattr(props, "total_memory", None)))
-            return devices
-
-        devices, problem = _probe.call_with_timeout(
-            read, timeout, f"querying torch.{self.device_type} devices"
-        )
-        if problem:
-            raise Unavailable(problem)
-        if not devices:
-            raise Unavailable("0 devices visible")
-        return devices
+        return _probing.list_devices(module, self.device_type, timeout)
 
     # ----------------------------------------------------------------- answers
     def options(self, environ: Mapping[str, str] = os.environ) -> Mapping[str, Any]:
@@ -394,39 +258,10 @@ class Backend:
         return None
 
     # ----------------------------------------------------------------- use
-    def activate(self, selection) -> Optional[Any]:
-        """Prepare the runtime for ``selection``; return an undo callable or None. Warns once
-        when the vendor plugin's version is outside the tested ones."""
-        # the chip's variables (device mask, NVIDIA's counterparts) before its runtime reads them
-        undo_environ = _chain(_visible.translate(self.visible_devices_env if self.plugin_found() else None),
-                              _environment.translate(self.cuda_environment()))
-        try:
-            if self.plugin_module:
-                self._import_plugin()
-                from ..compat import check_plugin
-
-                check_plugin(self.plugin_module, self.plugin_version(), self.tested_plugin_versions)
-            undo_start = self.start(selection)
-        except BaseException:
-            if undo_environ is not None:
-                undo_environ()
-            raise
-        return _chain(undo_start, undo_environ)
-
-    def _import_plugin(self) -> None:
-        """Import the vendor plugin if no probe of this process has (a child reusing its
-        parent's probe); BackendUnavailableError when it cannot be imported."""
-        if self.plugin_module in sys.modules:
-            return
-        try:
-            self.load_runtime(_probe.probe_timeout())
-        except Unavailable as exc:
-            from ..errors import BackendUnavailableError
-
-            raise BackendUnavailableError(self.name, exc.reason) from None
-
     def start(self, selection) -> Optional[Any]:
-        """What the chip's runtime needs before use (override); returns an undo or None."""
+        """What the chip's runtime needs before use (override); returns an undo or None. Called
+        by :func:`.activation.activate` once the chip's variables are set and its plugin is
+        imported."""
         return None
 
     def update_settings(self, old, new) -> None:
@@ -451,15 +286,3 @@ class Backend:
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name!r}>"
 
-
-def _chain(*undos: Optional[Any]) -> Optional[Any]:
-    """One undo running ``undos`` (None ones skipped) in the order given."""
-    steps = [u for u in undos if u is not None]
-    if not steps:
-        return None
-
-    def undo() -> None:
-        for step in steps:
-            step()
-
-    return undo

@@ -66,13 +66,13 @@ def apply(target: Target) -> Callable[[], None]:
     """Apply the patches for ``target`` (see :func:`activate`); returns the undo."""
     global _active
     with _lock:
-        key = (target.backend, target.device_type, target.devices)
+        key = (target.chip_name, target.device_type, target.devices)
         if _active is not None:
             if _active[0] == key:
                 return _nothing
             raise ActivationError(
                 f"the redirection is already active for backend {_active[0][0]!r}; "
-                f"call ft.deactivate() before activating {target.backend!r}"
+                f"call ft.deactivate() before activating {target.chip_name!r}"
             )
         refuse_if_shimmed()
         factories.device_constructors()  # torch caches its list: read it before any patch
@@ -91,9 +91,9 @@ def apply(target: Target) -> Callable[[], None]:
         _active = (key, patcher, applied, waiting)
         if applied or waiting:
             log.info("redirect active for %s: %s; applied when their module is imported: %s",
-                     target.backend, ", ".join(applied), ", ".join(waiting) or "none")
+                     target.chip_name, ", ".join(applied), ", ".join(waiting) or "none")
         else:
-            log.info("redirect: backend %s is CUDA itself; nothing to redirect", target.backend)
+            log.info("redirect: backend %s is CUDA itself; nothing to redirect", target.chip_name)
 
         def undo() -> None:
             _undo(patcher)

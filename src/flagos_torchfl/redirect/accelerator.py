@@ -85,7 +85,7 @@ def patch_accelerator_hint(target: Target, patcher: Patcher) -> None:
     accelerator = getattr(torch, "accelerator", None)
     if accelerator is None or _real_accelerator_type() is not None:
         return
-    patcher.setitem(_watch, "backend", target.backend)
+    patcher.setitem(_watch, "backend", target.chip_name)
     for name in _ASKED:
         original = getattr(accelerator, name, None)
         if original is None:

@@ -30,9 +30,9 @@ def patch_autocast(target: Target, patcher: Patcher) -> None:
             if dtype is None:
                 dtype = low
             elif enabled and dtype == torch.bfloat16 and not target.computes_bfloat16():
-                chip = target.device_names[0] if target.device_names else target.backend
+                chip = target.device_names[0] if target.device_names else target.chip_name
                 raise UnsupportedFeatureError(
-                    f"torch.autocast('cuda', dtype=torch.bfloat16): {chip} (backend {target.backend!r}) "
+                    f"torch.autocast('cuda', dtype=torch.bfloat16): {chip} (backend {target.chip_name!r}) "
                     f"does not compute bfloat16 (torch.{target.device_type}.is_bf16_supported() is False); "
                     "use dtype=torch.float16 with a GradScaler, or choose the dtype with "
                     "torch.cuda.is_bf16_supported()")

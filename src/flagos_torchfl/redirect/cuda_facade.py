@@ -151,7 +151,7 @@ class CudaFacade:
         theirs = next((n for n in (counterpart, name) if n in table.names), None)
         if theirs is not None:
             why = f"{table.chip} has {table.device_module}.{theirs}, but this backend's device module does not provide it"
-            return unserved(name, self.t, reason=(f"backend {self.t.backend!r}", why), real=real)
+            return unserved(name, self.t, reason=(f"backend {self.t.chip_name!r}", why), real=real)
         also = f" (nor {counterpart})" if counterpart else ""
         why = f"{table.device_module} of {table.origin} has no {name}{also}"
         return unserved(name, self.t, reason=(table.chip, why),
@@ -417,7 +417,7 @@ class CudaFacade:
         if fn is not None:
             return fn(self._phys(device), abbreviated)
         logical = self.t.logical_index(device)
-        return f"backend {self.t.backend!r} (cuda:{logical}): no allocator statistics\n"
+        return f"backend {self.t.chip_name!r} (cuda:{logical}): no allocator statistics\n"
 
     def empty_cache(self) -> None:
         """The backend's ``empty_cache`` (on the cpu backend, the C heap's free pages go back)."""

@@ -70,7 +70,9 @@ class Target:
         self._module_started, self._module_current = self._follows_module()
 
     @property
-    def backend(self) -> str:
+    def chip_name(self) -> str:
+        """The chip's name (``sim-ascend`` under the Ascend profile, where the backend asked
+        for is ``sim``)."""
         return self.chip.name
 
     @property
@@ -113,7 +115,7 @@ class Target:
         if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < self.count:
             valid = f"cuda:0..cuda:{self.count - 1}" if self.count > 1 else "cuda:0"
             raise DeviceOrdinalError(
-                f"cuda:{index} does not exist: backend {self.backend!r} has {self.count} "
+                f"cuda:{index} does not exist: backend {self.chip_name!r} has {self.count} "
                 f"device(s) ({valid}); {self._more_devices()}"
             )
         return index
@@ -229,7 +231,7 @@ class Target:
             return self.devices.index(physical)
         raise DeviceOrdinalError(
             f"{self.device_type}:{physical} is not among the selected devices {list(self.devices)} "
-            f"of backend {self.backend!r}"
+            f"of backend {self.chip_name!r}"
         )
 
     def _current_own(self) -> torch.device:

@@ -34,10 +34,10 @@ def unsupported(name: str, target: Target, where: str = "torch.cuda",
     if reason is not None:
         chip, why = reason
         return UnsupportedFeatureError(f"{where}.{name} is not available on {chip}: {why} "
-                                       f"(backend {target.backend!r}, device type {target.device_type!r})")
+                                       f"(backend {target.chip_name!r}, device type {target.device_type!r})")
     hint = HINTS.get(name)
     return UnsupportedFeatureError(
-        f"{where}.{name} is not available on backend {target.backend!r} "
+        f"{where}.{name} is not available on backend {target.chip_name!r} "
         f"(device type {target.device_type!r}){': ' + hint if hint else ''}"
     )
 

@@ -26,7 +26,7 @@ def build_policy(chip, options, overrides):
 
     native = chip.native_ops(options)
     return Policy(
-        backend=chip.name, dispatch_key=chip.dispatch_key, device_type=chip.device_type,
+        chip_name=chip.name, dispatch_key=chip.dispatch_key, device_type=chip.device_type,
         native=native, dtype_gaps=resolve_gaps(chip.dtype_gaps, native),
         overrides={**_loaded, **overrides}, library=providers.library_for(chip),
         collective_staging=chip.collective_staging,

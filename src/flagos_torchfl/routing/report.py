@@ -164,7 +164,7 @@ def _table(router, rows: Optional[List[dict]]) -> str:
     if router is not None:
         policy = router.policy
         how = "backend fallback" if router.uses_fallback else "per-operator kernels"
-        head += (f" for {policy.backend} ({policy.dispatch_key}, {len(policy.native)} native operators, "
+        head += (f" for {policy.chip_name} ({policy.dispatch_key}, {len(policy.native)} native operators, "
                  f"{how}, {len(router.registered)} per-operator kernels)")
     staged = [r for r in rows if r["op"] == COLLECTIVES_ROW]
     rows = [r for r in rows if r["op"] != COLLECTIVES_ROW]

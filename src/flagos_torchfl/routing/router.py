@@ -44,9 +44,9 @@ class Decision:
 
 @dataclasses.dataclass(frozen=True)
 class Policy:
-    """What the router knows about the backend, fixed at activation."""
+    """What the router knows about the chip, fixed at activation."""
 
-    backend: str
+    chip_name: str
     dispatch_key: str
     device_type: str
     native: FrozenSet[str]
@@ -103,7 +103,7 @@ class Router:
             raise fallback.RouteUnavailable(f"the host kernel of {schema.qualified_name(op)} is routed "
                                             "too (the backend's dispatch key is the host's)")
         if fallback.in_transfer():
-            raise OperatorNotSupportedError(schema.qualified_name(op), self.policy.backend, [
+            raise OperatorNotSupportedError(schema.qualified_name(op), self.policy.chip_name, [
                 ("fallback", "it is needed to copy operands between the host and the device")])
         mask, training = call_signature(args, kwargs)
         key = (op, mask, training)
@@ -146,8 +146,8 @@ class Router:
                 tried.append(("override", f"{forced[2]} sets {forced[1]}"))
             elif name in self.policy.native:
                 lacking = ", ".join(map(str, dtypes_of(key[1] & self.policy.dtype_gaps.get(name, 0))))
-                tried.append(("native", f"{self.policy.backend} lacks {lacking} for it" if lacking else
-                              f"this torch cannot keep {self.policy.backend}'s native kernel beside the "
+                tried.append(("native", f"{self.policy.chip_name} lacks {lacking} for it" if lacking else
+                              f"this torch cannot keep {self.policy.chip_name}'s native kernel beside the "
                               "route of its dtype gap, so every dtype is routed"))
             error: Optional[BaseException] = None
             for route in order:
@@ -166,7 +166,7 @@ class Router:
                     self._keep(key, name, decision)
                 return decision, result, nbytes
             if error is not None:
-                raise OperatorNotSupportedError(name, self.policy.backend, tried) from error
+                raise OperatorNotSupportedError(name, self.policy.chip_name, tried) from error
             decision = Decision("unsupported", "", tuple(tried))
             self._keep(key, name, decision)
             return decision, _PENDING, 0
@@ -243,7 +243,7 @@ class Router:
                    "fallback": "runs on the host (CPU fallback, operands copied both ways)"}[decision.route]
             tried = "; ".join(f"{r}: {w}" for r, w in decision.tried)
             log.info("[%s] %s (%s%s) on %s %s%s", tag, name, dtypes, ", autograd" if key[2] else "",
-                     self.policy.backend, how, f" [{tried}]" if tried else "")
+                     self.policy.chip_name, how, f" [{tried}]" if tried else "")
 
     # ------------------------------------------------------------------ running
     def _execute(self, op, decision: Decision, args: tuple, kwargs: dict):
@@ -264,17 +264,17 @@ class Router:
                     raise CompositeAbort(frames[-1], abort.reason) from None
                 if fallback.can_run(op) is None:
                     return (*self._run_on_host(op, decision, args, kwargs), "fallback")
-                raise OperatorNotSupportedError(schema.qualified_name(op), self.policy.backend,
+                raise OperatorNotSupportedError(schema.qualified_name(op), self.policy.chip_name,
                                                 [*decision.tried, ("composite", abort.reason)]) from None
         if route == "fallback":
             return (*self._run_on_host(op, decision, args, kwargs), route)
-        raise OperatorNotSupportedError(schema.qualified_name(op), self.policy.backend, list(decision.tried))
+        raise OperatorNotSupportedError(schema.qualified_name(op), self.policy.chip_name, list(decision.tried))
 
     def _run_on_host(self, op, decision: Decision, args: tuple, kwargs: dict):
         try:
             return fallback.run(op, args, kwargs, self.policy.device_type)
         except fallback.RouteUnavailable as exc:
-            raise OperatorNotSupportedError(schema.qualified_name(op), self.policy.backend,
+            raise OperatorNotSupportedError(schema.qualified_name(op), self.policy.chip_name,
                                             [*decision.tried, ("fallback", str(exc))]) from None
 
     # ------------------------------------------------------------------ registration
@@ -351,7 +351,7 @@ class Router:
             flib.fallback(self._fallback_kernel, key)
             self._libs.append(flib)
             self.uses_fallback = True
-        log.debug("routing for %s on %s: %s, %d per-operator kernels", self.policy.backend, key,
+        log.debug("routing for %s on %s: %s, %d per-operator kernels", self.policy.chip_name, key,
                   "backend fallback" if use_fallback else "no backend fallback", len(per_op))
         return self.uninstall
 
