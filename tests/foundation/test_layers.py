@@ -44,6 +44,53 @@ def test_imports_point_down(package):
         assert not extra, f"{path.relative_to(SRC)} imports {sorted(extra)}"
 
 
+#: every module and package of flagos_torchfl, by layer, lowest first: each may import the base
+#: modules and what lies in a lower layer, nothing beside or above it (docs/design.md, "Layers")
+LAYERS = (
+    ("base", {"errors", "autoload", "compat", "entry_points", "inline", "optimizer_steps", "version",
+              "active", "config", "log", "variables", "atomic_file", "checkpoint_files"}),
+    ("operators", {"aten"}),
+    ("simulated device", {"sim"}),
+    ("chips", {"backends"}),
+    ("layers over the chips", {"redirect", "routing", "k8s"}),
+    ("settings applied at activation", {"precision", "memory", "checkpoint"}),
+    ("the decision", {"selection"}),
+    ("children", {"inherit"}),
+    ("the api", {"api"}),
+    ("activation of launched processes", {"startup"}),
+    ("entry points", {"__init__", "cli"}),
+    ("entry points' own entry points", {"__main__", "bootstrap"}),
+)
+
+
+def _units() -> dict:
+    """Each top-level module or package of flagos_torchfl -> the ones it imports."""
+    from tests.foundation.test_import_graph import imported, modules
+
+    known = modules()
+
+    def unit(name):
+        return name.split(".")[1] if "." in name else "__init__"
+
+    found: dict = {}
+    for name, path in known.items():
+        targets = found.setdefault(unit(name), set())
+        targets.update(unit(t) for t in imported(name, path, known) if t.startswith("flagos_torchfl"))
+    return {u: targets - {u} for u, targets in found.items()}
+
+
+def test_every_module_has_a_layer_and_imports_only_below_it():
+    rank = {unit: i for i, (_, units) in enumerate(LAYERS) for unit in units}
+    units = _units()
+    assert not set(units) - set(rank), f"not placed in LAYERS: {sorted(set(units) - set(rank))}"
+    base = LAYERS[0][1]
+    for unit, targets in units.items():
+        if unit in base:
+            continue  # the base modules import one another (without a cycle: test_import_graph)
+        upward = sorted(t for t in targets if t not in base and rank[t] >= rank[unit])
+        assert not upward, f"{unit} ({LAYERS[rank[unit]][0]}) imports {upward}, which are not below it"
+
+
 @pytest.mark.parametrize("package", ["redirect", "routing", "k8s"])
 def test_no_layer_above_the_backends_asks_which_chip_it_is(package):
     # "cuda" is what user code names and the redirection translates, not a chip it asks about
