@@ -172,7 +172,7 @@ def _table(router, rows: Optional[List[dict]]) -> str:
             f"{format_bytes(r['to_host_bytes'])} to host, {format_bytes(r['to_device_bytes'])} back"
             for r in staged]
     if not rows:
-        return "\n".join([head + ": every operator ran natively"] + tail)
+        return "\n".join([head + ": no operator needed a route"] + tail)
     table = [("OPERATOR", "ROUTE", "CALLS", "TOTAL MS", "HOST BYTES", "DTYPES")]
     for r in rows:
         table.append((r["op"], r["route"], str(r["calls"]), f"{r['total_ms']:.2f}",

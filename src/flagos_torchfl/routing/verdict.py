@@ -177,7 +177,11 @@ def render(data: dict, limit: int = 12) -> str:
     lines += _render_cuda_api(data.get("cuda_api_missing"))
     away = data["operators"]
     if not away:
-        lines.append(f"every operator ran natively on {chip}")
+        # a process that ran nothing on the device (a torchrun agent) says so, not "all native";
+        # where native calls are not counted (a real chip), nothing is known of them
+        untimed = data["routes"]["native"]["calls"] is None
+        ran = untimed or any(r["calls"] for r in data["routes"].values())
+        lines.append(f"every operator ran natively on {chip}" if ran else f"no operator ran on {chip} in this process")
         return "\n".join(lines)
     counts = {route: sum(o["route"] == route for o in away) for route in ROUTES[1:]}
     summary = ", ".join(f"{n} {route}" for route, n in counts.items() if n)
