@@ -102,7 +102,8 @@ import torch, torch.multiprocessing as mp
 
 def worker(rank, world_size):
     x = torch.ones(1, device=f"cuda:{rank}")
-    print(f"rank {rank} of {world_size} on {x.device}", flush=True)
+    with open(f"rank{rank}.txt", "w") as f:  # a file each: two ranks' prints can interleave
+        f.write(f"rank {rank} of {world_size} on {x.device}")
 
 if __name__ == "__main__":
     world_size = torch.cuda.device_count()
@@ -116,7 +117,7 @@ def test_run_devices_gives_mp_spawn_scripts_their_world_size(tmp_path):
     script.write_text(SPAWN)
     proc = run_python(["-m", "flagos_torchfl", "run", "--devices", "2", str(script)], cwd=tmp_path, timeout=600)
     assert proc.returncode == 0, proc.stderr
-    assert sorted(proc.stdout.splitlines()) == ["rank 0 of 2 on cpu", "rank 1 of 2 on cpu"]
+    assert sorted(p.read_text() for p in tmp_path.glob("rank*.txt")) == ["rank 0 of 2 on cpu", "rank 1 of 2 on cpu"]
 
 
 def test_asking_for_a_device_beyond_the_count_says_how_to_get_more(cpu_backend):
