@@ -182,6 +182,10 @@ FEATURES: Dict[str, Feature] = {f.name: f for f in (
     Feature("inductor_backend_registration",
             "torch._inductor.codegen.common.init_backend_registration (registers Inductor's own code generators)",
             _SINCE_AFTER_2_1, _attr("torch._inductor.codegen.common.init_backend_registration")),
+    Feature("dynamo_trace_rules",
+            "torch._dynamo.trace_rules (dynamo's tables of torch functions and Tensor methods, which keep the "
+            "wrapped functions' originals: without it a wrapper breaks the graph under a TorchFunctionMode)",
+            _SINCE_AFTER_2_1, _attr("torch._dynamo.trace_rules")),
     Feature("inductor_device_op_overrides",
             "torch._inductor.codegen.common.register_device_op_overrides (a device's op overrides for Inductor)",
             {_NEW: True, "2.14.1": True}, _attr("torch._inductor.codegen.common.register_device_op_overrides")),

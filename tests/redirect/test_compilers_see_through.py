@@ -44,6 +44,7 @@ def test_a_compiled_factory_still_translates_cuda(cpu_backend):
         assert on_cuda(torch.ones(2)).device.type == "cpu"
 
 
+@pytest.mark.torch_feature("dynamo_trace_rules")
 def test_wrapped_tensor_methods_compile_without_a_graph_break(cpu_backend):
     """``Tensor.new_ones`` ... are wrappers under activation; dynamo puts the methods they wrap in
     the graph as in plain torch (it once broke the graph at each: torchtitan's compiled

@@ -22,7 +22,7 @@ import torch
 
 from ..aten import dispatcher
 from ..inline import InlineEvent, InlineStream
-from . import native_streams, runtime
+from . import runtime
 
 __all__ = [
     "is_available", "is_initialized", "init", "device_count", "current_device", "set_device", "device",
@@ -330,8 +330,11 @@ _stream_local = threading.local()
 
 def use_native_streams() -> None:
     """Make :class:`Stream` and :class:`Event` PyTorch's ``torch.Stream`` / ``torch.Event`` on the
-    native runtime's guard (:mod:`.native_streams`), once it is registered."""
+    native runtime's guard (:mod:`.native_streams`, imported only then: a torch older than the
+    sim's floor has no ``torch.Event``), once it is registered."""
     global Stream, Event
+    from . import native_streams
+
     Stream, Event = native_streams.Stream, native_streams.Event
 
 
@@ -339,7 +342,9 @@ def default_stream(device: Any = None) -> Stream:
     """``device``'s default stream."""
     index = _index(device)
     if runtime.native() is not None:
-        return native_streams.default_stream(index)
+        from .native_streams import default_stream as native_default
+
+        return native_default(index)
     s = _default_streams.get(index)
     if s is None:
         s = _default_streams.setdefault(index, Stream(index, _stream_id=0))
@@ -350,7 +355,9 @@ def current_stream(device: Any = None) -> Stream:
     """The calling thread's current stream on ``device`` (its default stream unless set)."""
     index = _index(device)
     if runtime.native() is not None:
-        return native_streams.current_stream(index)
+        from .native_streams import current_stream as native_current
+
+        return native_current(index)
     current = getattr(_stream_local, "streams", {})
     return current.get(index) or default_stream(index)
 
@@ -360,7 +367,9 @@ def set_stream(stream: Stream) -> None:
     if stream is None:
         return
     if runtime.native() is not None:
-        return native_streams.set_stream(stream)
+        from .native_streams import set_stream as native_set
+
+        return native_set(stream)
     if not hasattr(_stream_local, "streams"):
         _stream_local.streams = {}
     _stream_local.streams[stream.device.index] = stream
