@@ -10,7 +10,7 @@ numbers are applied.
 Families, in application order: :mod:`.devices` (``with torch.device``, set_default_device,
 Generator), :mod:`.factories`, :mod:`.tensor_module`, :mod:`.cuda_api` (the ``torch.cuda``
 facade), :mod:`.amp`, :mod:`.compiling`, :mod:`.profiler`, :mod:`.distributed`, :mod:`.clean_exit`, :mod:`.serialization`, :mod:`.accelerator`,
-:mod:`.deepspeed_accelerator`.
+:mod:`.accelerate_device`, :mod:`.deepspeed_accelerator`.
 """
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from ..errors import ActivationError
 from ..log import get_logger
 # imported in application order: each module registers its patches as it is imported
 from . import devices, factories, tensor_module, cuda_api, amp, compiling, profiler, distributed, clean_exit, serialization, accelerator  # noqa: F401,I001
-from . import deepspeed_accelerator  # noqa: F401,E402
+from . import accelerate_device, deepspeed_accelerator  # noqa: F401,E402,I001
 from .devices import DeviceOrdinalError, Target
 from .patches import REGISTRY, Patch, Patcher
 from .shims import find_shim, refuse_if_shimmed

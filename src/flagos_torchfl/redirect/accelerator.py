@@ -24,8 +24,10 @@ Two patches:
 from __future__ import annotations
 
 import atexit
+import contextlib
 import functools
 import sys
+import threading
 from typing import Any, Optional
 
 import torch
@@ -37,6 +39,8 @@ from .patches import Patcher, patch_function
 _ASKED = ("device_count", "is_available", "current_accelerator")
 #: set while the hint patch is active: {"backend": name} and, once asked, {"asked": True}
 _watch: dict = {}
+#: ``depth``: how many :func:`not_asked_by_the_program` blocks this thread is inside
+_answering = threading.local()
 
 
 def _real_accelerator_type() -> Optional[str]:
@@ -72,9 +76,22 @@ def _none_found(name: str, value: Any) -> bool:
     return (name == "device_count" and value == 0) or (name != "device_count" and not value)
 
 
+@contextlib.contextmanager
+def not_asked_by_the_program():
+    """Within it, this thread's questions to ``torch.accelerator`` are the package's own, asked
+    on a library's behalf to answer it (as for accelerate): finding none there is no hint."""
+    _answering.depth = getattr(_answering, "depth", 0) + 1
+    try:
+        yield
+    finally:
+        _answering.depth -= 1
+
+
 def _from_program(depth: int = 2) -> bool:
     """Whether the caller ``depth`` frames up is the program's code, not torch's own nor this
-    package's."""
+    package's, nor asked inside :func:`not_asked_by_the_program`."""
+    if getattr(_answering, "depth", 0):
+        return False
     caller = sys._getframe(depth).f_globals.get("__name__", "")
     return caller.partition(".")[0] not in ("torch", "flagos_torchfl")
 
