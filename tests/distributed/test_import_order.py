@@ -34,11 +34,11 @@ DYNAMO_PATCHES = [p.name for p in REGISTRY if (p.waits_for or "").startswith("to
 RUNS = [("before", "sim"), ("after", "sim"), ("reactivated", "sim"), ("deactivated", "sim"),
         ("before", "cpu"), ("deactivated", "cpu")]
 #: the patches still waiting when the client starts training: FSDP1's unless the program imported
-#: FSDP first, and DeepSpeed's (these programs never import DeepSpeed); the compile patch's too
-#: where dynamo is not imported yet (:func:`_expected`)
-WAITING = {"before": ["deepspeed_accelerator"], "deactivated": ["deepspeed_accelerator"],
-           "after": ["fsdp_device_id", "deepspeed_accelerator"],
-           "reactivated": ["fsdp_device_id", "deepspeed_accelerator"]}
+#: FSDP first, and accelerate's and DeepSpeed's (these programs import neither); the compile
+#: patch's too where dynamo is not imported yet (:func:`_expected`)
+LIBRARIES = ["accelerate_device", "deepspeed_accelerator"]
+WAITING = {"before": LIBRARIES, "deactivated": LIBRARIES, "after": ["fsdp_device_id", *LIBRARIES],
+           "reactivated": ["fsdp_device_id", *LIBRARIES]}
 
 
 @pytest.fixture(scope="module")

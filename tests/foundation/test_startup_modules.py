@@ -60,8 +60,9 @@ def test_distributed_modules_imported_by_the_program_are_patched_there():
     mesh = [] if compat.has("device_mesh") else ["device_mesh"]
     dynamo_patches = [p.name for p in REGISTRY if (p.waits_for or "").startswith("torch._dynamo.")]
     compiling = [dynamo_patches if not imported else [] for imported in found.pop("dynamo")]
-    assert found == {"waiting": [*compiling[0], *mesh, "fsdp_device_id", "deepspeed_accelerator"],
-                     "then": [*compiling[1], *mesh, "deepspeed_accelerator"], "last": "fsdp_device_id"}
+    libraries = ["accelerate_device", "deepspeed_accelerator"]
+    assert found == {"waiting": [*compiling[0], *mesh, "fsdp_device_id", *libraries],
+                     "then": [*compiling[1], *mesh, *libraries], "last": "fsdp_device_id"}
 
 
 PROGRAM = r'''

@@ -216,7 +216,7 @@ def test_daemonset_is_valid_and_writes_where_nfd_reads():
                                     "--prefix", PREFIX, "--interval", "300"]
     mount = next(m for m in container["volumeMounts"] if m["mountPath"] == features)
     assert {"name": mount["name"], "hostPath": {"path": features, "type": "DirectoryOrCreate"}} in pod["volumes"]
-    assert {"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"} in container["env"]  # cuda's k8s_probe_env
+    assert {"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"} in container["env"]  # cuda's kubernetes.probe_env
     assert pod["tolerations"] == [{"operator": "Exists"}]
 
 

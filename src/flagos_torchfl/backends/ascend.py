@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from types import MappingProxyType
 
-from .base import Backend
+from .base import Backend, KubernetesDevices
 
 
 class AscendBackend(Backend):
@@ -24,7 +24,8 @@ class AscendBackend(Backend):
     priority = 90
     profiler_activity = "PrivateUse1"
     kernel_libraries = ("flaggems",)
-    k8s_resources = ("huawei.com/Ascend910", "huawei.com/Ascend310P", "huawei.com/Ascend310")
+    kubernetes = KubernetesDevices(resources=("huawei.com/Ascend910", "huawei.com/Ascend310P",
+                                            "huawei.com/Ascend310"))
     allocator_conf_env = ("PYTORCH_NPU_ALLOC_CONF",)
     plugin_module = "torch_npu"
     query_tool = ("npu-smi", "info")

@@ -7,6 +7,7 @@ knows nothing of patches or routing: it answers questions about one kind of chip
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 from types import MappingProxyType
@@ -17,7 +18,19 @@ from . import memory as _memory
 from . import probing as _probing
 from .probing import DeviceInfo, ProbeResult, Unavailable
 
-__all__ = ["Backend", "DeviceInfo", "ProbeResult", "Unavailable"]
+__all__ = ["Backend", "DeviceInfo", "KubernetesDevices", "ProbeResult", "Unavailable"]
+
+
+@dataclasses.dataclass(frozen=True)
+class KubernetesDevices:
+    """How a Kubernetes cluster offers the chip (read by :mod:`flagos_torchfl.k8s`)."""
+
+    #: the extended resources the chip's device plugins advertise, the usual one first (``k8s
+    #: job`` requests it unless told another); empty: no device plugin, the pods request no device
+    resources: Tuple[str, ...] = ()
+    #: variables a container needs to see every device of its node without requesting one (the
+    #: node-labelling DaemonSet of ``k8s daemonset``)
+    probe_env: Mapping[str, str] = dataclasses.field(default_factory=lambda: MappingProxyType({}))
 
 
 class Backend:
@@ -77,13 +90,8 @@ class Backend:
     #: whether the chip computes TF32 (``torch.cuda.is_tf32_supported()`` where its device
     #: module has no answer of its own)
     supports_tf32: bool = False
-    #: the extended resources the chip's Kubernetes device plugins advertise, the usual one first
-    #: (``k8s job`` requests it unless told another); empty: no device plugin, the pods request
-    #: no device
-    k8s_resources: Tuple[str, ...] = ()
-    #: variables a container needs to see every device of its node without requesting one (the
-    #: node-labelling DaemonSet of ``k8s daemonset``)
-    k8s_probe_env: Mapping[str, str] = MappingProxyType({})
+    #: how a Kubernetes cluster offers the chip (its device plugins' resources, the probe's env)
+    kubernetes: KubernetesDevices = KubernetesDevices()
     #: ``torch.cuda`` names whose counterpart in the chip's device module has another name
     #: (``{"CUDAGraph": "NPUGraph", "nvtx": "mstx"}``); the facade answers them with it
     cuda_counterparts: Mapping[str, str] = MappingProxyType({})

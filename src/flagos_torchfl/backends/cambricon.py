@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from types import MappingProxyType
 
-from .base import Backend
+from .base import Backend, KubernetesDevices
 
 
 class CambriconBackend(Backend):
@@ -21,7 +21,7 @@ class CambriconBackend(Backend):
     profiler_activity = "PrivateUse1"
     kernel_libraries = ("flaggems",)
     # the device plugin with --enable-device-type names each model: cambricon.com/mlu370 ...
-    k8s_resources = ("cambricon.com/mlu", "cambricon.com/mlu370")
+    kubernetes = KubernetesDevices(resources=("cambricon.com/mlu", "cambricon.com/mlu370"))
     plugin_module = "torch_mlu"
     query_tool = ("cnmon", "version")
     driver_pattern = r"[Dd]river\s*[:=]?\s*v?(\d[\w.\-]*)"

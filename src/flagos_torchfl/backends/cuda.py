@@ -5,7 +5,7 @@ import os
 import shutil
 from types import MappingProxyType
 
-from .base import Backend, Unavailable
+from .base import Backend, KubernetesDevices, Unavailable
 from .memory import TORCH_ALLOCATOR_VARIABLES
 
 
@@ -25,8 +25,8 @@ class CudaBackend(Backend):
     priority = 100
     profiler_activity = "CUDA"
     kernel_libraries = ("flaggems",)
-    k8s_resources = ("nvidia.com/gpu",)
-    k8s_probe_env = MappingProxyType({"NVIDIA_VISIBLE_DEVICES": "all"})
+    kubernetes = KubernetesDevices(resources=("nvidia.com/gpu",),
+                                   probe_env=MappingProxyType({"NVIDIA_VISIBLE_DEVICES": "all"}))
     allocator_conf_env = TORCH_ALLOCATOR_VARIABLES
     query_tool = ("nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader")
     driver_pattern = r"(?m)^\s*(\d+\.\d+(?:\.\d+)?)\s*$"

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from types import MappingProxyType
 
-from .base import Backend
+from .base import Backend, KubernetesDevices
 
 
 class MThreadsBackend(Backend):
@@ -18,7 +18,7 @@ class MThreadsBackend(Backend):
     priority = 80
     profiler_activity = "PrivateUse1"
     kernel_libraries = ("flaggems",)
-    k8s_resources = ("mthreads.com/gpu",)
+    kubernetes = KubernetesDevices(resources=("mthreads.com/gpu",))
     plugin_module = "torch_musa"
     query_tool = ("mthreads-gmi",)
     driver_pattern = r"Driver Version\s*:?\s*([\w.\-]+)"

@@ -4,7 +4,7 @@ from __future__ import annotations
 import os
 import shutil
 
-from .base import Backend, Unavailable
+from .base import Backend, KubernetesDevices, Unavailable
 from .memory import TORCH_ALLOCATOR_VARIABLES
 
 
@@ -20,7 +20,7 @@ class RocmBackend(Backend):
     priority = 95
     profiler_activity = "CUDA"
     kernel_libraries = ("flaggems",)
-    k8s_resources = ("amd.com/gpu",)
+    kubernetes = KubernetesDevices(resources=("amd.com/gpu",))
     allocator_conf_env = TORCH_ALLOCATOR_VARIABLES
     query_tool = ("rocm-smi", "--showdriverversion")
     driver_pattern = r"[Dd]river version:\s*([\w.\-]+)"

@@ -1,7 +1,7 @@
 """Intel GPUs through torch's XPU build (device ``xpu``)."""
 from __future__ import annotations
 
-from .base import Backend, Unavailable
+from .base import Backend, KubernetesDevices, Unavailable
 
 
 class XpuBackend(Backend):
@@ -16,7 +16,7 @@ class XpuBackend(Backend):
     priority = 70
     profiler_activity = "XPU"
     kernel_libraries = ("flaggems",)
-    k8s_resources = ("gpu.intel.com/i915", "gpu.intel.com/xe")
+    kubernetes = KubernetesDevices(resources=("gpu.intel.com/i915", "gpu.intel.com/xe"))
     query_tool = ("xpu-smi", "discovery")
     driver_pattern = r"Driver Version\s*:\s*(\S+)"
     visible_devices_env = "ZE_AFFINITY_MASK"

@@ -88,7 +88,7 @@ def job_request(kind: str, backend: Backend, nodes: int, nproc_per_node: int, im
         raise ConfigError(f"namespace {namespace!r} is not valid: lowercase letters, digits and '-', "
                           "at most 63, beginning and ending with a letter or digit")
     if resource is None:
-        resource = backend.k8s_resources[0] if backend.k8s_resources else None
+        resource = backend.kubernetes.resources[0] if backend.kubernetes.resources else None
     else:
         check_resource(resource)
     return JobRequest(kind, backend, nodes, nproc_per_node, image, program, name, namespace,
@@ -280,14 +280,14 @@ def daemonset(image: str, backends, namespace: Optional[str] = None, prefix: str
               interval: int = 600, name: str = "flagos-torchfl-labels") -> dict:
     """A DaemonSet that runs ``k8s labels --write`` on every node (tolerating every taint), every
     ``interval`` seconds, into the host folder NFD's local source reads. It runs privileged (it
-    sees the node's devices without requesting any) with each backend's ``k8s_probe_env``."""
+    sees the node's devices without requesting any) with each backend's ``kubernetes.probe_env``."""
     check_image(image)
     labels.check_prefix(prefix)
     if interval < 1:
         raise ConfigError(f"--interval {interval} is not valid: give seconds, 1 or more")
     env: Dict[str, str] = {}
     for backend in backends:
-        env.update(backend.k8s_probe_env)
+        env.update(backend.kubernetes.probe_env)
     meta = {"name": name, **({"namespace": namespace} if namespace else {})}
     selector = {"app.kubernetes.io/name": name}
     command = ["python", "-m", "flagos_torchfl", "k8s", "labels", "--write", labels.FEATURES_DIR,

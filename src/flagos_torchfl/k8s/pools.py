@@ -69,7 +69,7 @@ def pool(nodes: Sequence[Mapping], backend: Backend, nnodes: int, nproc_per_node
     ``nnodes`` usable nodes, else the one with the most."""
     members = [n for n in nodes if _labelled(n, prefix) == backend.name
                and not (n.get("spec") or {}).get("unschedulable")]
-    candidates = (resource,) if resource else backend.k8s_resources
+    candidates = (resource,) if resource else backend.kubernetes.resources
     if not candidates:
         return Pool(backend, len(members), len(members), None)
     best = None
@@ -105,7 +105,7 @@ def choose(nodes: Sequence[Mapping], backends: Sequence[Backend], nnodes: int, n
 def _unlabelled(nodes: Sequence[Mapping], backends: Sequence[Backend], prefix: str) -> str:
     """A note on nodes that carry a chip's resource but no label (NFD or the labelling
     DaemonSet is missing there)."""
-    resources = {r for b in backends for r in b.k8s_resources}
+    resources = {r for b in backends for r in b.kubernetes.resources}
     bare = [n for n in nodes if _labelled(n, prefix) is None
             and any(_count(_allocatable(n).get(r, 0)) for r in resources)]
     if not bare:
