@@ -33,12 +33,25 @@ def test_hf_trainer_bf16_resume_on_sim(trainer_plain, tmp_path):
     assert got["full"] == pytest.approx(trainer_plain["full"], rel=2e-2)
 
 
+ACCELERATE_LAUNCH = ["accelerate", "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
+                     "--mixed_precision", "no", "--dynamo_backend", "no", client("accelerate_ddp.py")]
+
+
+@pytest.fixture(scope="module")
+def accelerate_plain():
+    return by_rank(records(run_plain(ACCELERATE_LAUNCH, env={"ACCELERATE_USE_CPU": "true"}, command=True),
+                           "accelerate"))
+
+
 @requires("accelerate")
-def test_accelerate_launch_multi_gpu_two_processes_on_cpu_backend():
-    launch = ["accelerate", "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
-              "--mixed_precision", "no", "--dynamo_backend", "no", client("accelerate_ddp.py")]
-    plain = by_rank(records(run_plain(launch, env={"ACCELERATE_USE_CPU": "true"}, command=True), "accelerate"))
-    got = by_rank(records(run_launched(["--", *launch]), "accelerate"))
+@pytest.mark.parametrize("env", [{}, {"FL_BACKEND": "sim"}, {"FL_BACKEND": "sim", "FL_SIM_PROFILE": "ascend"}],
+                         ids=["cpu", "sim", "sim-ascend"])
+def test_accelerate_launch_multi_gpu_two_processes(accelerate_plain, env):
+    """``accelerate launch --multi_gpu``: two ranks of one process group on the backend's devices,
+    training as the plain CPU run does (accelerate 1.16 asks ``torch.accelerator`` for its
+    device: the ``accelerate_device`` patch)."""
+    plain = accelerate_plain
+    got = by_rank(records(run_launched(["--", *ACCELERATE_LAUNCH], env=env), "accelerate"))
     assert sorted(got) == [0, 1] and sorted(plain) == [0, 1]
     for rank in (0, 1):
         assert got[rank]["world"] == 2
