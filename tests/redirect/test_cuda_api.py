@@ -251,6 +251,32 @@ def test_accelerator_stays_truthful(cpu_backend):
     assert torch.OutOfMemoryError is torch.cuda.OutOfMemoryError
 
 
+@pytest.mark.torch_feature("accelerator")
+def test_torch_accelerators_questions_get_the_real_modules_answers(cpu_backend):
+    """``torch.accelerator`` asks ``torch.get_device_module("cuda")`` on a CUDA build: inside
+    its questions the facade answers as the real module; around them, for the backend."""
+    from flagos_torchfl import redirect
+    from flagos_torchfl.redirect.cuda_facade import asked_by_torch_accelerator
+
+    assert torch.cuda.is_available() is True and torch.cuda.device_count() == 1
+    with asked_by_torch_accelerator():
+        assert torch.cuda.is_available() is False  # no GPU on this machine, whatever the build
+        assert torch.cuda.device_count() == 0
+        with asked_by_torch_accelerator():
+            assert torch.cuda.device_count() == 0
+        assert torch.cuda.device_count() == 0
+    assert torch.cuda.is_available() is True and torch.cuda.device_count() == 1
+    # the patch wraps torch.accelerator's two questions where the build's accelerator is CUDA
+    assert "accelerator_asks_real_cuda" in redirect.active_patches()
+    built_for = torch.accelerator.current_accelerator()
+    for question in (torch.accelerator.is_available, torch.accelerator.device_count):
+        wrappers = []
+        while hasattr(question, "__wrapped__"):
+            wrappers.append(question.__code__.co_name)
+            question = question.__wrapped__
+        assert ("truthful" in wrappers) == (built_for is not None and built_for.type == "cuda"), wrappers
+
+
 def test_private_plumbing_reaches_real_module(cpu_backend):
     assert torch.cuda._is_compiled is _real_cuda("_is_compiled")
     assert torch.cuda._is_compiled() is hasattr(torch._C, "_cuda_getDeviceCount")  # the build's answer

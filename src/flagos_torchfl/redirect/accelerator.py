@@ -7,7 +7,13 @@ torch's own users call both — with ``torch.accelerator.is_available()`` answer
 CPU-only build, ``DataLoader(pin_memory=True)`` and ``torch.compile`` of a function without
 tensor inputs fail with "Cannot access accelerator device when none is available".
 
-Two patches:
+Three patches:
+
+* ``accelerator_asks_real_cuda``: on a CUDA build of torch ``torch.accelerator.is_available()``
+  and ``device_count()`` ask ``torch.get_device_module("cuda")``, which is the facade; they are
+  wrapped so that the facade gives them the real module's answers
+  (:func:`.cuda_facade.asked_by_torch_accelerator`): False and 0 without a GPU, the physical
+  count under ``gpu_ids``.
 
 * ``available_device_type``: ``torch._utils._get_available_device_type()`` (DCP's file writer,
   ``DataParallel``) asks ``torch.cuda.is_available()`` first, which the facade answers True,
@@ -27,20 +33,20 @@ import atexit
 import contextlib
 import functools
 import sys
-import threading
 from typing import Any, Optional
 
 import torch
 
 from .. import compat
+from .cuda_facade import ThreadDepth, asked_by_torch_accelerator
 from .devices import Target
 from .patches import Patcher, patch_function
 
 _ASKED = ("device_count", "is_available", "current_accelerator")
 #: set while the hint patch is active: {"backend": name} and, once asked, {"asked": True}
 _watch: dict = {}
-#: ``depth``: how many :func:`not_asked_by_the_program` blocks this thread is inside
-_answering = threading.local()
+#: how many :func:`not_asked_by_the_program` blocks this thread is inside
+_answering = ThreadDepth()
 
 
 def _real_accelerator_type() -> Optional[str]:
@@ -52,6 +58,28 @@ def _real_accelerator_type() -> Optional[str]:
     found = (accelerator.current_accelerator(check_available=True)
              if compat.has("accelerator_check_available") else accelerator.current_accelerator())
     return found.type if found is not None else None
+
+
+@patch_function("accelerator_asks_real_cuda", on_cuda=True)
+def patch_accelerator_asks_real_cuda(target: Target, patcher: Patcher) -> None:
+    """Where torch's accelerator is CUDA (the build's, GPU or not), ``torch.accelerator``'s
+    questions to ``torch.cuda`` get the real module's answers, not the facade's."""
+    accelerator = compat.accelerator_module()
+    built_for = accelerator.current_accelerator() if accelerator is not None else None
+    if built_for is None or built_for.type != "cuda":
+        return
+    for name in ("is_available", "device_count"):
+        original = getattr(accelerator, name)
+
+        def make(original=original):
+            @functools.wraps(original)
+            def truthful(*args, **kwargs):
+                with asked_by_torch_accelerator():
+                    return original(*args, **kwargs)
+
+            return truthful
+
+        patcher.setattr(accelerator, name, make())
 
 
 @patch_function("available_device_type")
@@ -80,7 +108,7 @@ def _none_found(name: str, value: Any) -> bool:
 def not_asked_by_the_program():
     """Within it, this thread's questions to ``torch.accelerator`` are the package's own, asked
     on a library's behalf to answer it (as for accelerate): finding none there is no hint."""
-    _answering.depth = getattr(_answering, "depth", 0) + 1
+    _answering.depth += 1
     try:
         yield
     finally:
@@ -90,7 +118,7 @@ def not_asked_by_the_program():
 def _from_program(depth: int = 2) -> bool:
     """Whether the caller ``depth`` frames up is the program's code, not torch's own nor this
     package's, nor asked inside :func:`not_asked_by_the_program`."""
-    if getattr(_answering, "depth", 0):
+    if _answering.depth:
         return False
     caller = sys._getframe(depth).f_globals.get("__name__", "")
     return caller.partition(".")[0] not in ("torch", "flagos_torchfl")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import sys
+import threading
 import types
 from typing import Any, Callable, Dict, Iterable
 
@@ -36,6 +37,30 @@ CUDA_KERNEL_PACKAGES = (
 )
 #: what :meth:`CudaFacade.lookup` returns for a name the real ``torch.cuda`` answers
 PASS = object()
+class ThreadDepth(threading.local):
+    """Per thread: how many blocks of one kind it is inside (a class default, so that reading it
+    in a thread that never set it is a plain attribute read, not a caught AttributeError)."""
+
+    depth = 0
+
+
+#: how many of ``torch.accelerator``'s questions this thread is inside
+_torch_accelerator_asking = ThreadDepth()
+
+
+@contextlib.contextmanager
+def asked_by_torch_accelerator():
+    """Within it, the facade gives this thread the real ``torch.cuda``'s answers to
+    ``is_available()`` and ``device_count()``: ``torch.accelerator`` (which stays truthful) asks
+    them of ``torch.get_device_module("cuda")`` on a CUDA build of torch, and that is the facade
+    (the ``accelerator_asks_real_cuda`` patch wraps its functions in this)."""
+    _torch_accelerator_asking.depth += 1
+    try:
+        yield
+    finally:
+        _torch_accelerator_asking.depth -= 1
+
+
 
 
 def _legacy_type(name: str, dtype: torch.dtype, target: Target) -> type:
@@ -217,18 +242,20 @@ class CudaFacade:
     def is_available(self, _frame: Callable = sys._getframe) -> bool:
         """True, except for callers inside a package that loads CUDA kernels when CUDA is
         available (``CUDA_KERNEL_PACKAGES`` and ``FL_CUDA_KERNEL_PACKAGES``): those are told the
-        truth, so they stay on their CPU path instead of reaching for CUDA's runtime. So is
-        ``torch.accelerator``, which stays truthful: on a CUDA build of torch without a GPU,
-        ``current_accelerator(check_available=True)`` (AdamW's step asks it) stays None."""
-        caller = _frame(1).f_globals.get("__name__") or ""
-        if caller == "torch.accelerator":
+        truth, so they stay on their CPU path instead of reaching for CUDA's runtime — an answer
+        that depends on who asks, so the caller's module is read. So is ``torch.accelerator``,
+        which stays truthful (:func:`asked_by_torch_accelerator`): on a CUDA build of torch without
+        a GPU, ``current_accelerator(check_available=True)`` (AdamW's step asks it) stays None."""
+        if _torch_accelerator_asking.depth:
             return types.ModuleType.__getattribute__(self._cuda, "is_available")()
+        caller = _frame(1).f_globals.get("__name__") or ""
         return caller.partition(".")[0] not in self._cuda_kernel_packages
 
-    def device_count(self, _frame: Callable = sys._getframe) -> int:
+    def device_count(self) -> int:
         """The number of logical devices (the selection's devices); ``torch.accelerator`` gets the
-        real count (on a CUDA build of torch without a GPU, 0), as its other answers are real."""
-        if _frame(1).f_globals.get("__name__") == "torch.accelerator":
+        real count (on a CUDA build of torch without a GPU, 0), as its other answers are real
+        (:func:`asked_by_torch_accelerator`)."""
+        if _torch_accelerator_asking.depth:
             return types.ModuleType.__getattribute__(self._cuda, "device_count")()
         return self.t.count
 
