@@ -16,8 +16,7 @@ SCRIPT = r"""
 import json, sys, torch
 first = sys.argv[1] == "accelerate-first"
 if first:
-    import accelerate.utils.imports as imports
-    plain = imports.{q}()
+    import accelerate.utils.imports
 import flagos_torchfl as ft
 ft.init_backend(backend="sim" if sys.argv[2] == "sim-ascend" else sys.argv[2])
 import accelerate.utils.imports as imports
@@ -28,7 +27,7 @@ from accelerate import Accelerator
 device_type, module = imports.{q}()
 accelerator = Accelerator()
 model = accelerator.prepare(torch.nn.Linear(2, 2))
-holders = [m for m in (imports, accelerate.utils, accelerate.state)]
+holders = [imports, accelerate.utils, accelerate.state]
 record = {{"type": device_type, "facade": module is torch.cuda, "device": str(accelerator.device),
            "param": str(next(model.parameters()).device), "distributed": str(accelerator.distributed_type),
            "patched": [hasattr(getattr(m, "{q}"), "__wrapped__") for m in holders]}}

@@ -259,10 +259,10 @@ def test_torch_accelerators_questions_get_the_real_modules_answers(cpu_backend):
     from flagos_torchfl.redirect.cuda_facade import asked_by_torch_accelerator
 
     assert torch.cuda.is_available() is True and torch.cuda.device_count() == 1
-    with asked_by_torch_accelerator():
+    with asked_by_torch_accelerator:
         assert torch.cuda.is_available() is False  # no GPU on this machine, whatever the build
         assert torch.cuda.device_count() == 0
-        with asked_by_torch_accelerator():
+        with asked_by_torch_accelerator:
             assert torch.cuda.device_count() == 0
         assert torch.cuda.device_count() == 0
     assert torch.cuda.is_available() is True and torch.cuda.device_count() == 1

@@ -37,9 +37,10 @@ def patch_accelerate_device(target: Target, patcher: Patcher) -> None:
     original = getattr(imports, _QUESTION, None)
     if original is None:
         return
+
     @functools.wraps(original)
     def get_torch_accelerator_backend(*args, **kwargs):
-        with not_asked_by_the_program():
+        with not_asked_by_the_program:
             device_type, module = original(*args, **kwargs)
         if device_type is None or module is getattr(torch, "accelerator", None):
             return "cuda", torch.cuda

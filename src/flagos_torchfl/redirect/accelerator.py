@@ -30,7 +30,6 @@ Three patches:
 from __future__ import annotations
 
 import atexit
-import contextlib
 import functools
 import sys
 from typing import Any, Optional
@@ -45,8 +44,9 @@ from .patches import Patcher, patch_function
 _ASKED = ("device_count", "is_available", "current_accelerator")
 #: set while the hint patch is active: {"backend": name} and, once asked, {"asked": True}
 _watch: dict = {}
-#: how many :func:`not_asked_by_the_program` blocks this thread is inside
-_answering = ThreadDepth()
+#: inside it, this thread's questions to ``torch.accelerator`` are the package's own, asked on a
+#: library's behalf to answer it (as for accelerate): finding none there is no hint
+not_asked_by_the_program = ThreadDepth()
 
 
 def _real_accelerator_type() -> Optional[str]:
@@ -74,7 +74,7 @@ def patch_accelerator_asks_real_cuda(target: Target, patcher: Patcher) -> None:
         def make(original=original):
             @functools.wraps(original)
             def truthful(*args, **kwargs):
-                with asked_by_torch_accelerator():
+                with asked_by_torch_accelerator:
                     return original(*args, **kwargs)
 
             return truthful
@@ -104,21 +104,10 @@ def _none_found(name: str, value: Any) -> bool:
     return (name == "device_count" and value == 0) or (name != "device_count" and not value)
 
 
-@contextlib.contextmanager
-def not_asked_by_the_program():
-    """Within it, this thread's questions to ``torch.accelerator`` are the package's own, asked
-    on a library's behalf to answer it (as for accelerate): finding none there is no hint."""
-    _answering.depth += 1
-    try:
-        yield
-    finally:
-        _answering.depth -= 1
-
-
 def _from_program(depth: int = 2) -> bool:
     """Whether the caller ``depth`` frames up is the program's code, not torch's own nor this
-    package's, nor asked inside :func:`not_asked_by_the_program`."""
-    if _answering.depth:
+    package's, nor asked inside :data:`not_asked_by_the_program`."""
+    if not_asked_by_the_program.depth:
         return False
     caller = sys._getframe(depth).f_globals.get("__name__", "")
     return caller.partition(".")[0] not in ("torch", "flagos_torchfl")

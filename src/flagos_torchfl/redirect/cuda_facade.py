@@ -37,30 +37,27 @@ CUDA_KERNEL_PACKAGES = (
 )
 #: what :meth:`CudaFacade.lookup` returns for a name the real ``torch.cuda`` answers
 PASS = object()
+
+
 class ThreadDepth(threading.local):
-    """Per thread: how many blocks of one kind it is inside (a class default, so that reading it
-    in a thread that never set it is a plain attribute read, not a caught AttributeError)."""
+    """A per-thread mark: ``with mark:`` blocks nest, and ``mark.depth`` is how many of them this
+    thread is inside (a class default, so that reading it in a thread that never entered one is
+    a plain attribute read, not a caught AttributeError)."""
 
     depth = 0
 
+    def __enter__(self) -> None:
+        self.depth += 1
 
-#: how many of ``torch.accelerator``'s questions this thread is inside
-_torch_accelerator_asking = ThreadDepth()
-
-
-@contextlib.contextmanager
-def asked_by_torch_accelerator():
-    """Within it, the facade gives this thread the real ``torch.cuda``'s answers to
-    ``is_available()`` and ``device_count()``: ``torch.accelerator`` (which stays truthful) asks
-    them of ``torch.get_device_module("cuda")`` on a CUDA build of torch, and that is the facade
-    (the ``accelerator_asks_real_cuda`` patch wraps its functions in this)."""
-    _torch_accelerator_asking.depth += 1
-    try:
-        yield
-    finally:
-        _torch_accelerator_asking.depth -= 1
+    def __exit__(self, *exc_info: Any) -> None:
+        self.depth -= 1
 
 
+#: inside it, the facade gives this thread the real ``torch.cuda``'s answers to
+#: ``is_available()`` and ``device_count()``: ``torch.accelerator`` (which stays truthful) asks
+#: them of ``torch.get_device_module("cuda")`` on a CUDA build of torch, and that is the facade
+#: (the ``accelerator_asks_real_cuda`` patch wraps its functions in it)
+asked_by_torch_accelerator = ThreadDepth()
 
 
 def _legacy_type(name: str, dtype: torch.dtype, target: Target) -> type:
@@ -246,7 +243,7 @@ class CudaFacade:
         that depends on who asks, so the caller's module is read. So is ``torch.accelerator``,
         which stays truthful (:func:`asked_by_torch_accelerator`): on a CUDA build of torch without
         a GPU, ``current_accelerator(check_available=True)`` (AdamW's step asks it) stays None."""
-        if _torch_accelerator_asking.depth:
+        if asked_by_torch_accelerator.depth:
             return types.ModuleType.__getattribute__(self._cuda, "is_available")()
         caller = _frame(1).f_globals.get("__name__") or ""
         return caller.partition(".")[0] not in self._cuda_kernel_packages
@@ -255,7 +252,7 @@ class CudaFacade:
         """The number of logical devices (the selection's devices); ``torch.accelerator`` gets the
         real count (on a CUDA build of torch without a GPU, 0), as its other answers are real
         (:func:`asked_by_torch_accelerator`)."""
-        if _torch_accelerator_asking.depth:
+        if asked_by_torch_accelerator.depth:
             return types.ModuleType.__getattribute__(self._cuda, "device_count")()
         return self.t.count
 
