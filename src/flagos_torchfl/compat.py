@@ -155,6 +155,8 @@ FEATURES: Dict[str, Feature] = {f.name: f for f in (
             _SINCE_AFTER_2_1, _attr("torch.accelerator")),
     Feature("accelerator_check_available", "torch.accelerator.current_accelerator(check_available=)",
             _SINCE_AFTER_2_1, _current_accelerator_check_available),
+    Feature("stream_event", "torch.Stream / torch.Event (the device-generic stream and event classes)",
+            _SINCE_AFTER_2_1, _attr("torch.Event")),
     Feature("get_device_module", "torch.get_device_module(device)",
             _SINCE_AFTER_2_1, _attr("torch.get_device_module")),
     Feature("amp_grad_scaler", "torch.amp.GradScaler (device-generic; before it torch.cuda.amp.GradScaler)",

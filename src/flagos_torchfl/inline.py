@@ -72,6 +72,12 @@ class InlineStream:
         self.priority = priority
         self.stream_id = stream_id
 
+    @property
+    def cuda_stream(self) -> int:
+        """The stream's raw handle, which CUDA code passes to its own kernels and libraries: its
+        id (0 for a device's default stream)."""
+        return self.stream_id
+
     def query(self) -> bool:
         """True: all work submitted to the stream has completed."""
         return True

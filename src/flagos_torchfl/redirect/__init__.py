@@ -21,7 +21,7 @@ from ..errors import ActivationError
 from ..log import get_logger
 # imported in application order: each module registers its patches as it is imported
 from . import devices, factories, tensor_module, cuda_api, amp, compiling, profiler, distributed, clean_exit, serialization, accelerator  # noqa: F401,I001
-from . import accelerate_device, deepspeed_accelerator, cuda_key, data_parallel  # noqa: F401,E402,I001
+from . import accelerate_device, deepspeed_accelerator, cuda_key, data_parallel, attention  # noqa: F401,E402,I001
 from .devices import DeviceOrdinalError, Target
 from .patches import REGISTRY, Patch, Patcher
 from .shims import find_shim, refuse_if_shimmed

@@ -136,3 +136,29 @@ def patch_autocast_queries(target: Target, patcher: Patcher) -> None:
     patcher.setattr(torch, "set_autocast_enabled", set_autocast_enabled)
     patcher.setattr(torch, "set_autocast_dtype", set_autocast_dtype)
     patcher.setattr(mode, "_cast", _cast)
+    _gpu_dtype_queries(target, patcher)
+
+
+def _gpu_dtype_queries(target: Target, patcher: Patcher) -> None:
+    """The deprecated ``torch.get_autocast_gpu_dtype()`` / ``set_autocast_gpu_dtype(dtype)``,
+    which mean CUDA's autocast, answer for the backend's device type (inside
+    ``torch.autocast("cuda", dtype=torch.bfloat16)`` the first returns ``bfloat16``). Each still
+    calls torch's own first, for its deprecation warning (the setter also sets CUDA's slot,
+    which nothing reads while the backend answers for CUDA)."""
+    real_get, real_set = getattr(torch, "get_autocast_gpu_dtype", None), getattr(torch, "set_autocast_gpu_dtype", None)
+    if real_get is None or real_set is None:
+        return
+    real_dtype, real_set_dtype = torch.get_autocast_dtype, torch.set_autocast_dtype
+
+    @functools.wraps(real_get)
+    def get_autocast_gpu_dtype():
+        real_get()
+        return real_dtype(target.device_type)
+
+    @functools.wraps(real_set)
+    def set_autocast_gpu_dtype(dtype):
+        real_set(dtype)
+        return real_set_dtype(target.device_type, dtype)
+
+    patcher.setattr(torch, "get_autocast_gpu_dtype", get_autocast_gpu_dtype)
+    patcher.setattr(torch, "set_autocast_gpu_dtype", set_autocast_gpu_dtype)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import sys
 import threading
 import types
@@ -28,6 +29,8 @@ from .standins import DENIED_PRIVATE, Namespace, alias_class, unserved
 #: the legacy ``torch.cuda.<X>Tensor`` types and their dtypes (torch's own CPU tensor types)
 LEGACY_TYPES = {c.__name__: c.dtype for c in torch._tensor_classes if c.__module__ == "torch"}
 _INLINE_STREAMS = HostRuntime()
+#: ``torch.Stream`` as torch defines it (the ``stream_event_devices`` patch replaces the name)
+_TORCH_STREAM = getattr(torch, "Stream", None)
 #: top-level packages that load CUDA kernels when ``torch.cuda.is_available()`` says True
 #: (bitsandbytes then reaches for ``torch._C._cuda_getCurrentRawStream``): they are told the truth
 CUDA_KERNEL_PACKAGES = (
@@ -245,8 +248,12 @@ class CudaFacade:
         a GPU, ``current_accelerator(check_available=True)`` (AdamW's step asks it) stays None."""
         if asked_by_torch_accelerator.depth:
             return types.ModuleType.__getattribute__(self._cuda, "is_available")()
-        caller = _frame(1).f_globals.get("__name__") or ""
-        return caller.partition(".")[0] not in self._cuda_kernel_packages
+        return not self.loads_cuda_kernels(_frame(1).f_globals.get("__name__"))
+
+    def loads_cuda_kernels(self, module_name: Any) -> bool:
+        """Whether the module ``module_name`` belongs to a package that loads CUDA kernels when
+        told CUDA is there (``CUDA_KERNEL_PACKAGES`` and ``FL_CUDA_KERNEL_PACKAGES``)."""
+        return (module_name or "").partition(".")[0] in self._cuda_kernel_packages
 
     def device_count(self) -> int:
         """The number of logical devices (the selection's devices); ``torch.accelerator`` gets the
@@ -391,13 +398,19 @@ class CudaFacade:
         has_streams = self._mod("Stream") is not None and self._mod("Event") is not None
         return self.t.module if has_streams else _INLINE_STREAMS  # torch 2.1's torch.cpu: no Event
 
+    def inline_streams(self) -> Any:
+        """What answers the stream functions when its streams are not ``torch.Stream`` (the
+        host's and the Python sim's inline streams), else None."""
+        streams = self._streams()
+        return None if _TORCH_STREAM is not None and issubclass(streams.Stream, _TORCH_STREAM) else streams
+
     def stream_class(self) -> Any:
         """The backend's Stream class, constructed with a logical ``device=``."""
         real = self._streams().Stream
         facade = self
 
         def make(device: Any = None, priority: int = 0, **kwargs: Any) -> Any:
-            return real(device=facade._phys(device), priority=priority, **kwargs)
+            return with_handle(real(device=facade._phys(device), priority=priority, **kwargs))
 
         return alias_class(real, make)
 
@@ -412,12 +425,12 @@ class CudaFacade:
 
     def default_stream(self, device: Any = None) -> Any:
         """The default stream of the device."""
-        return self._streams().default_stream(self._phys(device))
+        return with_handle(self._streams().default_stream(self._phys(device)))
 
     def current_stream(self, device: Any = None) -> Any:
         """The current stream of the device (inline streams: the stream of the innermost
         ``torch.cuda.stream(...)`` block of this thread, else the default one)."""
-        return self._streams().current_stream(self._phys(device))
+        return with_handle(self._streams().current_stream(self._phys(device)))
 
     def set_stream(self, stream: Any) -> None:
         """Make ``stream`` current."""
@@ -549,6 +562,31 @@ class CudaFacade:
         if own is not None:
             served = {name: getattr(own, name, fn) for name, fn in served.items()}
         return Namespace("torch.cuda.nvtx", served, None, self.t)
+
+
+@functools.lru_cache(maxsize=None)
+def handle_stream_class() -> type:
+    """A ``torch.Stream`` of the backend with ``cuda_stream``, the raw handle CUDA code passes to
+    its own kernels and libraries: the stream's id (0 for a device's default stream). Made from
+    a stream, it is the same stream (equal: same device and id)."""
+
+    class HandleStream(torch.Stream):
+        __doc__ = handle_stream_class.__doc__
+
+        @property
+        def cuda_stream(self) -> int:
+            return self.stream_id
+
+    return HandleStream
+
+
+def with_handle(stream: Any) -> Any:
+    """``stream`` as ``torch.cuda`` hands streams out: a ``torch.Stream`` gets ``cuda_stream``
+    (:func:`handle_stream_class`); other streams (the inline ones) have their own."""
+    if compat.has("stream_event") and type(stream) is _TORCH_STREAM:
+        return handle_stream_class()(stream_id=stream.stream_id, device_index=stream.device_index,
+                                     device_type=stream.device_type)
+    return stream
 
 
 #: the backend's memory counters and resets that take a device, and the answer where its module

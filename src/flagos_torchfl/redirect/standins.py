@@ -11,6 +11,7 @@ under the CUDA name (``torch.cuda.Stream`` constructing the backend's stream).
 from __future__ import annotations
 
 import functools
+import inspect
 import types
 from typing import Any, Callable, Dict, Optional, Tuple
 
@@ -46,12 +47,30 @@ class _UnservedMeta(type):
     """Stand-ins raise on use: calling, instantiating, reading an attribute."""
 
     def __call__(cls, *args, **kwargs):
+        _check_arguments(cls, args, kwargs)
         raise cls._error()
 
     def __getattr__(cls, name):
         if name.startswith("__"):
             raise AttributeError(name)
         raise cls._error()
+
+
+def _check_arguments(stand_in: type, args: tuple, kwargs: dict) -> None:
+    """Raise the TypeError the real object would for a call whose arguments do not fit its
+    signature: argument errors come before feature errors, as on CUDA. Nothing when the real
+    object is unknown or has no signature Python can read."""
+    real = vars(stand_in).get("__wrapped__", _MISSING)
+    if real is _MISSING:
+        return
+    try:
+        signature = inspect.signature(real)
+    except (TypeError, ValueError):
+        return
+    try:
+        signature.bind(*args, **kwargs)
+    except TypeError as exc:
+        raise TypeError(f"{getattr(real, '__qualname__', stand_in.__name__)}(): {exc}") from None
 
 
 def introspection(real: Any) -> Dict[str, Any]:

@@ -30,7 +30,7 @@ def _translate_first(target: Target, args: tuple) -> tuple:
 def patch_tensor_to(target: Target, patcher: Patcher) -> None:
     """``Tensor.to("cuda:N" | torch.device | N, ...)``, ``Tensor.to(device=...)`` and
     ``Tensor.cuda(N | "cuda:N" | None)``; ``.to(dtype)`` and ``.to(other)`` pass straight on."""
-    original_to = torch.Tensor.to
+    original_to, original_cuda = torch.Tensor.to, torch.Tensor.cuda
     translate = target.translate
 
     @functools.wraps(original_to)
@@ -42,13 +42,46 @@ def patch_tensor_to(target: Target, patcher: Patcher) -> None:
             kwargs["device"] = translate(device)
         return original_to(self, *args, **kwargs)
 
-    @functools.wraps(torch.Tensor.cuda)
+    @functools.wraps(original_cuda)
     def cuda(self, device=None, non_blocking=False, memory_format=torch.preserve_format):
         dest = translate("cuda" if device is None else device)
         return original_to(self, dest, non_blocking=non_blocking, memory_format=memory_format)
 
     patcher.setattr(torch.Tensor, "to", to)
     patcher.setattr(torch.Tensor, "cuda", cuda)
+    _allow_on_uninitialized(patcher, {original_to: to, original_cuda: cuda})
+
+
+def _allow_on_uninitialized(patcher: Patcher, replaced: dict) -> None:
+    """Lazy modules' uninitialized parameters accept only the methods in
+    ``UninitializedTensorMixin._allowed_methods`` (``to`` and ``cuda`` among them) and recognise
+    a method by the function ``torch.Tensor`` holds under its name: the wrappers that replace
+    those methods are allowed beside the originals, so ``LazyLinear(4).to(torch.float)`` and
+    ``.cuda()`` work as in plain torch."""
+    mixin = torch.nn.parameter.UninitializedTensorMixin
+    allowed = list(mixin._allowed_methods)
+    added = [wrapper for original, wrapper in replaced.items() if original in allowed]
+    patcher.setattr(mixin, "_allowed_methods", allowed + added)
+
+
+@patch_function("storage_to", on_cuda=True)
+def patch_storage_to(target: Target, patcher: Patcher) -> None:
+    """Storages: ``untyped_storage().cuda(N)``, ``storage().cuda()`` and ``.to(device="cuda")``
+    copy to the backend's device (``TypedStorage`` goes through its untyped storage's)."""
+    base = torch.storage._StorageBase
+    original_to = base.to
+    translate = target.translate
+
+    @functools.wraps(original_to)
+    def to(self, *, device, non_blocking=False):
+        return original_to(self, device=translate(device), non_blocking=non_blocking)
+
+    @functools.wraps(base.cuda)
+    def cuda(self, device=None, non_blocking=False):
+        return original_to(self, device=translate("cuda" if device is None else device), non_blocking=non_blocking)
+
+    patcher.setattr(base, "to", to)
+    patcher.setattr(base, "cuda", cuda)
 
 
 @patch_function("module_to", on_cuda=True)

@@ -67,8 +67,15 @@ def _view_as_real(self):
 
 
 def _math_attention(*args, **kwargs) -> int:
+    """The composite (math) attention, while the program allows one of the backends the host's
+    kernels have, math or flash (``torch.backends.cuda.math_sdp_enabled()``,
+    ``flash_sdp_enabled()``, set by ``sdpa_kernel``): the chip runs either as math. With both
+    disabled, the error the CPU raises (and CUDA, for inputs its other kernels do not take)."""
     from torch.nn.attention import SDPBackend
 
+    if not (torch.backends.cuda.math_sdp_enabled() or torch.backends.cuda.flash_sdp_enabled()):
+        raise RuntimeError("No viable backend for scaled_dot_product_attention was found. This is likely "
+                           "due to turning off both the math kernel and the fused kernels.")
     return int(SDPBackend.MATH.value)
 
 

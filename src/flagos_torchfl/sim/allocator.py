@@ -116,6 +116,7 @@ class CachingAllocator:
                  device_name: Callable[[int], str] | None = None):
         self.device_index = device_index
         self._limit = limit
+        self._fraction = 1.0
         self._device_name = device_name or (lambda i: f"sim:{i}")
         self._lock = threading.RLock()
         self._depth = 0
@@ -143,6 +144,27 @@ class CachingAllocator:
     def capacity(self) -> int:
         """Total bytes of the device: the limit if set, else :data:`NOMINAL_TOTAL_MEMORY`."""
         return NOMINAL_TOTAL_MEMORY if self._limit is None else self._limit
+
+    @property
+    def fraction(self) -> float:
+        """The share of :attr:`capacity` this process may reserve (1.0 unless set)."""
+        return self._fraction
+
+    def set_fraction(self, fraction: float) -> None:
+        """Let this process reserve at most ``fraction`` of the capacity (``torch.cuda.
+        set_per_process_memory_fraction``): a new segment past it fails with
+        ``torch.OutOfMemoryError``; live blocks above a lowered share stay valid."""
+        if not isinstance(fraction, float):
+            raise TypeError("Invalid type for fraction argument, must be `float`")
+        if fraction < 0 or fraction > 1:
+            raise ValueError(f"Invalid fraction value: {fraction}. Allowed range: 0~1")
+        with self._lock:
+            self._fraction = fraction
+
+    @property
+    def allowed(self) -> int:
+        """Bytes this process may reserve: the capacity times :attr:`fraction`."""
+        return int(self.capacity * self._fraction)
 
     # -- allocation -------------------------------------------------------------------------
     def allocate(self, nbytes: int) -> Block | None:
@@ -257,7 +279,7 @@ class CachingAllocator:
         return block
 
     def _segment_size(self, size: int, pool: str) -> int | None:
-        room = self.capacity - self._stats["reserved_bytes"]["all"].current
+        room = self.allowed - self._stats["reserved_bytes"]["all"].current
         if pool == "large_pool":
             return size if size <= room else None
         seg = min(SMALL_SEGMENT, room - room % BLOCK_ROUND)
@@ -272,6 +294,9 @@ class CachingAllocator:
             cap = f"memory limit of {format_size(self._limit)} ({self._limit} bytes)"
         else:
             cap = f"nominal capacity of {format_size(NOMINAL_TOTAL_MEMORY)}"
+        if self._fraction < 1.0:
+            cap += (f", of which this process may use {self._fraction:g} ({format_size(self.allowed)}, "
+                    "set_per_process_memory_fraction)")
         why = "the host could not provide the memory" if host else f"the device has a {cap}"
         advice = ["lower the batch size or free tensors you no longer need"]
         if not host:

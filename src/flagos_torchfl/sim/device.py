@@ -32,7 +32,8 @@ __all__ = [
     "set_rng_state", "get_rng_state_all", "set_rng_state_all",
     "memory_allocated", "max_memory_allocated", "memory_reserved", "max_memory_reserved",
     "reset_peak_memory_stats", "reset_accumulated_memory_stats", "memory_stats", "mem_get_info",
-    "empty_cache",
+    "empty_cache", "set_per_process_memory_fraction", "get_per_process_memory_fraction",
+    "caching_allocator_alloc", "caching_allocator_delete",
     "Stream", "Event", "current_stream", "default_stream", "set_stream", "stream",
     "StreamContext",
 ]
@@ -297,6 +298,50 @@ def empty_cache() -> None:
     """Release every device's cached, unused memory back to the host."""
     for alloc in runtime.allocators():
         alloc.empty_cache()
+
+
+def set_per_process_memory_fraction(fraction: float, device: Any = None) -> None:
+    """Let this process reserve at most ``fraction`` (a float in [0, 1]) of ``device``'s total
+    memory; an allocation past it raises ``torch.OutOfMemoryError``, as on CUDA."""
+    runtime.allocator(_index(device)).set_fraction(fraction)
+
+
+def get_per_process_memory_fraction(device: Any = None) -> float:
+    """The share of ``device``'s total memory this process may reserve (1.0 unless set)."""
+    return runtime.allocator(_index(device)).fraction
+
+
+_raw_blocks: dict[int, tuple[Any, Any]] = {}
+_raw_lock = threading.Lock()
+
+
+def caching_allocator_alloc(size: int, device: Any = None, stream: Any = None) -> int:
+    """``size`` bytes from ``device``'s caching allocator, outside any tensor: returns the
+    block's address, valid until :func:`caching_allocator_delete` (``stream``: any stream of the
+    device; work runs inline)."""
+    if stream is not None and not isinstance(stream, int) and not hasattr(stream, "stream_id"):
+        raise TypeError("Invalid type for stream argument, must be a stream of the device or `int` "
+                        "representing a pointer to an existing stream")
+    alloc = runtime.allocator(_index(device))
+    runtime.begin_use()
+    block = alloc.allocate(int(size))
+    if block is None:
+        return 0
+    with _raw_lock:
+        _raw_blocks[block.ptr] = (alloc, block)
+    return block.ptr
+
+
+def caching_allocator_delete(mem_ptr: int) -> None:
+    """Give back the block :func:`caching_allocator_alloc` returned at ``mem_ptr`` (0: nothing)."""
+    if mem_ptr == 0:
+        return
+    with _raw_lock:
+        found = _raw_blocks.pop(mem_ptr, None)
+    if found is None:
+        raise RuntimeError(f"invalid device pointer: 0x{mem_ptr:x}")
+    alloc, block = found
+    alloc.free(block)
 
 
 # -- streams and events ----------------------------------------------------------------------

@@ -189,6 +189,7 @@ def claim(num_devices: int, memory_limit: int | None, native: Iterable[str],
     library = torch.library.Library("aten", "IMPL")
     kernels.register(library, native)
     _declare_shallow_copy_compatible(library)
+    _ask_attention_choice(library)
     _keep_alive.extend([library, _autocast_fallthrough()])
     torch.serialization.register_package(19, _sim_tag, _sim_restore)
     torch_patches.apply(num_devices, native=native_runtime is not None)
@@ -212,6 +213,23 @@ def _declare_shallow_copy_compatible(library: torch.library.Library) -> None:
 
     for key in ("PrivateUse1", "AutogradPrivateUse1"):
         library.impl("_has_compatible_shallow_copy_type", compatible, key)
+
+
+def _ask_attention_choice(library: torch.library.Library) -> None:
+    """``scaled_dot_product_attention`` on the sim asks ``_fused_sdp_choice`` first, as on CUDA
+    and the CPU: PyTorch's composite skips the question on a PrivateUse1 device without a C++
+    choice of its own and runs math even with every attention backend disabled
+    (``sdpa_kernel([])``), where a device raises "No viable backend". The answer (the chip's
+    kernel, or the routing layer's composite) may raise; the attention itself stays PyTorch's
+    composite, math."""
+    op = torch.ops.aten.scaled_dot_product_attention.default
+    choice = torch.ops.aten._fused_sdp_choice.default
+
+    def scaled_dot_product_attention(*args, **kwargs):
+        choice(*args, **kwargs)
+        return op.decompose(*args, **kwargs)
+
+    library.impl("scaled_dot_product_attention", scaled_dot_product_attention, "AutogradPrivateUse1")
 
 
 def _autocast_fallthrough() -> torch.library.Library | None:

@@ -1,0 +1,32 @@
+"""Attention entry points that check the device type by name: FlexAttention
+(``torch.nn.attention.flex_attention``) admits CUDA, CPU, XPU, HPU and MPS tensors only."""
+from __future__ import annotations
+
+import functools
+
+from .devices import Target
+from .patches import Patcher, patch_function
+
+
+@patch_function("flex_attention", waits_for="torch.nn.attention.flex_attention")
+def patch_flex_attention(target: Target, patcher: Patcher) -> None:
+    """``flex_attention(q, k, v)`` on the backend's device: its device check admits the
+    backend's device type as it admits CUDA (PyTorch's eager FlexAttention is a composite of
+    ordinary operators, which the chip runs or the routing layer serves; compiled, Inductor's
+    code generator for the device). Every other device, and the CPU's refusal of a backward,
+    stay as torch checks them."""
+    from torch.nn.attention import flex_attention as module
+
+    if not hasattr(module, "_validate_device"):
+        return
+    own = target.device_type
+
+    def make(original):
+        @functools.wraps(original)
+        def _validate_device(query, key, value):
+            if query.device.type != own or own == "cpu":
+                original(query, key, value)
+
+        return _validate_device
+
+    patcher.wrap(module, "_validate_device", make)
