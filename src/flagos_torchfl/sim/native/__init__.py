@@ -1,5 +1,5 @@
-"""The sim's native runtime (``runtime.cpp`` beside this file): a device guard, PrivateUse1 hooks
-and profiler stubs written in C++, the parts of an accelerator that PyTorch's C++ side asks for and
+"""The sim's native runtime (``runtime.cpp`` beside this file): a device guard, PrivateUse1 hooks,
+profiler stubs and the report of device memory to the profiler written in C++, the parts of an accelerator that PyTorch's C++ side asks for and
 a Python backend cannot register (a Python-registered guard answers only the device type).
 
 It is built at first use with the machine's C++ compiler (``$CXX``, else ``c++``, ``g++`` or
@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Optional
 
 SOURCE = Path(__file__).with_name("runtime.cpp")
-ABI = 1
+ABI = 2
 """The interface version of ``runtime.cpp`` this loader speaks (``fl_sim_abi()``)."""
 
 BUILD_TIMEOUT = 300.0
@@ -53,6 +53,9 @@ class NativeRuntime:
         library.fl_sim_current_stream.restype = ctypes.c_int64
         library.fl_sim_exchange_stream.argtypes = [ctypes.c_int, ctypes.c_int64]
         library.fl_sim_exchange_stream.restype = ctypes.c_int64
+        library.fl_sim_report_memory.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_uint64,
+                                                 ctypes.c_uint64, ctypes.c_int]
+        library.fl_sim_report_memory.restype = None
         self.current_stream = library.fl_sim_current_stream
         self.exchange_stream = library.fl_sim_exchange_stream
         self.current_device = library.fl_sim_current_device
@@ -73,6 +76,17 @@ class NativeRuntime:
     def mark_used(self, used: bool) -> None:
         """Record whether the devices were used in this process (the hooks' primary context)."""
         self._lib.fl_sim_mark_used(int(used))
+
+    def memory_profiling(self) -> bool:
+        """Whether a profiler that records memory (``profile_memory=True``) runs on the calling
+        thread: only then is :meth:`report_memory` worth its call."""
+        return bool(self._lib.fl_sim_memory_profiling())
+
+    def report_memory(self, address: int, delta: int, allocated: int, reserved: int, device: int) -> None:
+        """Tell the profiler that ``delta`` bytes (negative: freed) at ``address`` changed on sim
+        device ``device``, which now has ``allocated`` / ``reserved`` bytes: it attributes them to
+        the running operator as device memory (``self_device_memory_usage``)."""
+        self._lib.fl_sim_report_memory(address, delta, allocated, reserved, device)
 
     def is_pinned(self, address: int) -> bool:
         """Whether ``address`` lies inside a block of the pinned host allocator."""

@@ -13,6 +13,7 @@
 //    (DDP's reducer with find_unused_parameters, Tensor.pin_memory, DataLoader pin_memory) that
 //    knows every address inside its blocks (is_pinned of a view into pinned memory);
 //  * profiler stubs, so the profiler's device-side events of PrivateUse1 have host timestamps;
+//    and the report of device memory to a profiler that records memory (fl_sim_report_memory);
 //  * a DDP timer (DDP's logger measures forward, backward and communication per device type).
 #include <ATen/detail/PrivateUse1HooksInterface.h>
 #include <c10/core/Allocator.h>
@@ -327,7 +328,7 @@ std::string g_error;
 extern "C" {
 
 // The interface version the Python loader checks before it calls anything else.
-int fl_sim_abi() { return 1; }
+int fl_sim_abi() { return 2; }
 
 // Register the guard, the hooks and the profiler stubs for `devices` devices. Returns 0, or 1 when
 // PrivateUse1 already has hooks or a guard of another's (fl_sim_error says which), 2 on an error.
@@ -391,6 +392,18 @@ int64_t fl_sim_exchange_stream(int device, int64_t id) {
   const int64_t previous = flsim::t_streams[device];
   flsim::t_streams[device] = id;
   return previous;
+}
+
+// Whether a profiler that records memory is running on the calling thread (profile_memory=True).
+int fl_sim_memory_profiling() { return c10::memoryProfilingEnabled() ? 1 : 0; }
+
+// Report to that profiler `delta` bytes allocated (negative: freed) at `ptr` on sim device
+// `device`, with the device's allocated and reserved bytes after the change: what a C++ caching
+// allocator reports, so the profiler attributes the bytes to the operator that allocated them.
+void fl_sim_report_memory(void* ptr, int64_t delta, uint64_t allocated, uint64_t reserved, int device) {
+  if (device < 0 || device >= flsim::g_devices.load()) return;
+  c10::reportMemoryUsageToProfiler(ptr, delta, allocated, reserved,
+                                   c10::Device(flsim::kType, static_cast<c10::DeviceIndex>(device)));
 }
 
 }  // extern "C"
