@@ -26,7 +26,7 @@ VERDICTS = ("redirected", "answered", "passed", "refused")
 #: the backend kinds a verdict is given for: the host, the sim, and the sim's chip profiles
 KINDS = ("cpu", "sim", "ascend", "cambricon", "mthreads")
 PROFILES = ("ascend", "cambricon", "mthreads")
-_MATCH_KEYS = ("kind", "namespace", "glob", "tag", "last")
+_MATCH_KEYS = ("kind", "namespace", "glob", "tag", "last", "takes_no")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -156,6 +156,7 @@ def _matches(match: Mapping[str, Any], entry: Entry) -> bool:
         "glob": lambda v: fnmatch.fnmatchcase(entry.name, v),
         "tag": lambda v: v in entry.tags,
         "last": lambda v: entry.name.rpartition(".")[2] in v,
+        "takes_no": lambda v: not entry.reasons & set(v),
     }
     return all(checks[key](value) for key, value in match.items())
 
@@ -195,8 +196,9 @@ class _Chip:
         if verdict == "device_module":
             own = next((n for n in (name, self.counterparts.get(name)) if n in self.module_names), None)
             if own is not None:
-                return Verdict("answered", record.get("patch"), f"{self.module_label}.{own}", None, source)
-            verdict, detail = "refused", f"{self.module_label} has no {name}: an unserved stand-in, raising on use"
+                verdict, detail = "answered", f"{self.module_label}.{own}"
+            else:
+                verdict, detail = "refused", f"{self.module_label} has no {name}: an unserved stand-in, raising on use"
         if record.get("note"):
             detail = f"{detail} ({record['note']})" if detail else record["note"]
         counterpart = self.counterpart(name) if verdict == "refused" else None
