@@ -172,6 +172,33 @@ def test_a_triton_op_is_refused_naming_the_reason(chip, library):
         add_one(torch.ones(1, device="cuda"))
 
 
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # a launch needs Triton installed
+    add_one_kernel = None
+else:
+    @triton.jit
+    def add_one_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+        offsets = tl.arange(0, BLOCK)
+        mask = offsets < n
+        tl.store(y_ptr + offsets, tl.load(x_ptr + offsets, mask=mask) + 1, mask=mask)
+
+
+def test_a_triton_launch_from_a_cuda_kernel_is_refused_naming_the_reason(chip, library):
+    if add_one_kernel is None:
+        pytest.skip("Triton is not installed")
+
+    @torch.library.custom_op(f"{library.ns}::add_one", mutates_args=(), device_types="cuda")
+    def add_one(x: torch.Tensor) -> torch.Tensor:
+        y = torch.empty_like(x)
+        torch.library.wrap_triton(add_one_kernel)[(1,)](x, y, x.numel(), BLOCK=16)
+        return y
+
+    with pytest.raises(NotImplementedError, match="'add_one_kernel' .wrap_triton. needs Triton"):
+        add_one(torch.ones(4, device="cuda"))
+
+
 def test_the_operators_come_from_the_dispatcher():
     found = cuda_key.device_operators()
     for name in ("aten::empty.memory_format", "aten::arange.start_step", "aten::_to_copy",

@@ -32,6 +32,7 @@ it is refused with that reason, as is a ``wrap_triton`` launch on the chip's ten
 from __future__ import annotations
 
 import functools
+import itertools
 import os
 import sys
 import threading
@@ -56,12 +57,16 @@ def device_operators() -> List[str]:
     and a ``Device`` argument in their schema), as qualified overload names."""
     found = []
     for name in torch._C._dispatch_get_registrations_for_dispatch_key("BackendSelect"):
-        op = _overload(name)
-        if op is not None and any(str(a.type) in _DEVICE_TYPES for a in op._schema.arguments):
-            found.append(name)
+        base, _, overload = name.partition(".")
+        for schema in torch._C._jit_get_schemas_for_operator(base):
+            if schema.overload_name == overload:
+                if any(str(a.type) in _DEVICE_TYPES for a in schema.arguments):
+                    found.append(name)
+                break
     return sorted(found)
 
 
+@functools.lru_cache(maxsize=None)
 def _overload(name: str) -> Optional[Any]:
     """The ``OpOverload`` of ``ns::op[.overload]``, or None where torch.ops does not resolve it."""
     try:
@@ -82,13 +87,13 @@ def _translated(target: Target, args: tuple, kwargs: dict) -> Optional[Tuple[tup
             {k: target.translate(v) if cuda(v) else v for k, v in kwargs.items()})
 
 
-def _device_kernel(target: Target, name: str, op: Any, replaced: Any) -> Callable:
+def _device_kernel(target: Target, name: str, replaced: Any) -> Callable:
     """The CUDA-key kernel of operator ``name``: its call again with the backend's device; a
     call naming no CUDA device goes to the ``replaced`` kernel (None: there was none)."""
     def kernel(keyset, *args, **kwargs):
         moved = _translated(target, args, kwargs)
         if moved is not None:
-            return op(*moved[0], **moved[1])
+            return _overload(name)(*moved[0], **moved[1])
         if replaced is None:
             raise NotImplementedError(f"{name} reached the CUDA dispatch key without a CUDA device "
                                       f"argument; backend {target.chip_name!r} has no CUDA kernels")
@@ -118,13 +123,12 @@ def patch_cuda_device_operators(target: Target, patcher: Patcher) -> None:
         for name in device_operators():
             if name in mirrored or name.partition(".")[0] in mirrored:
                 continue  # a library's own Python kernel for CUDA: it runs as written (and mirrored)
-            op = _overload(name)
-            replaced = (torch.library.get_kernel(op, _CUDA) if cuda_build
+            replaced = (torch.library.get_kernel(name, _CUDA) if cuda_build
                         and torch._C._dispatch_has_computed_kernel_for_dispatch_key(name, _CUDA) else None)
             namespace = name.partition("::")[0]
             if namespace not in libraries:
                 libraries[namespace] = torch.library.Library(namespace, "IMPL")
-            libraries[namespace].impl(name.partition("::")[2], _device_kernel(target, name, op, replaced),
+            libraries[namespace].impl(name.partition("::")[2], _device_kernel(target, name, replaced),
                                       _CUDA, with_keyset=True)
 
 
@@ -212,7 +216,7 @@ class _Mirrors:
             self.libraries[qualname] = library
 
     def _refusal(self, qualname: str) -> Callable:
-        reason = triton_refusal(self.target, qualname)
+        reason = triton_refusal(self.target, f"operator {qualname} (torch.library.triton_op)")
 
         def kernel(*args, **kwargs):
             raise NotImplementedError(reason)
@@ -234,8 +238,8 @@ class _Mirrors:
 
 
 def triton_refusal(target: Target, what: str) -> str:
-    """Why ``what`` (a Triton kernel) does not run on ``target``'s chip."""
-    return (f"{what} runs a Triton kernel, and backend {target.chip_name!r} (device type "
+    """Why ``what`` (a Triton kernel, or an operator running one) does not run on ``target``'s chip."""
+    return (f"{what} needs Triton, and backend {target.chip_name!r} (device type "
             f"{target.device_type!r}) does not run Triton: Triton generates code for GPUs whose "
             "vendor ships a Triton backend. Register a kernel for the device type "
             f"{target.device_type!r} (torch.library.register_kernel) or a composite of torch "
@@ -328,3 +332,29 @@ def _wrap_triton_op(module: Any, mirrors: _Mirrors, patcher: Patcher) -> None:
 
     original = patcher.wrap(module, "triton_op", make)
     patcher.replace_in((torch.library,), "triton_op", original, module.triton_op)
+
+
+@patch_function("triton_launches", waits_for="torch._higher_order_ops.triton_kernel_wrap")
+def patch_triton_launches(target: Target, patcher: Patcher) -> None:
+    """A ``wrap_triton`` launch with a tensor on the backend's device is refused, naming the
+    reason, where the chip does not run Triton (Triton itself fails there with "0 active
+    drivers" or a pointer it cannot access); launches on other devices go on unchanged."""
+    if getattr(target.chip, "runs_triton", False):
+        return
+    from torch._higher_order_ops.triton_kernel_wrap import TraceableTritonKernelWrapper as wrapper
+
+    own = target.device_type
+
+    def make(original: Callable) -> Callable:
+        @functools.wraps(original)
+        def launch(self, *args, **kwargs):
+            if any(isinstance(a, torch.Tensor) and a.device.type == own
+                   for a in itertools.chain(args, kwargs.values())):
+                raise NotImplementedError(triton_refusal(
+                    target, f"the Triton kernel {getattr(self.kernel, '__name__', self.kernel)!r} (wrap_triton)"))
+            return original(self, *args, **kwargs)
+
+        return launch
+
+    for name in ("__call__", "run"):
+        patcher.wrap(wrapper, name, make)
