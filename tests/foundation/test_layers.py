@@ -18,6 +18,7 @@ ALLOWED = {
     "routing": {"aten", "backends", "entry_points"},
     "redirect": {"backends"},
     "k8s": {"backends"},
+    "surface": {"backends", "sim"},
 }
 BASE = {"errors", "log", "variables", "config", "compat", "autoload", "atomic_file", "inline", "optimizer_steps"}
 
@@ -52,7 +53,7 @@ LAYERS = (
     ("operators", {"aten"}),
     ("simulated device", {"sim"}),
     ("chips", {"backends"}),
-    ("layers over the chips", {"redirect", "routing", "k8s"}),
+    ("layers over the chips", {"redirect", "routing", "k8s", "surface"}),
     ("settings applied at activation", {"precision", "memory", "checkpoint"}),
     ("the decision", {"selection"}),
     ("children", {"inherit"}),

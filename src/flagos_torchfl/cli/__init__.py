@@ -13,7 +13,7 @@ from typing import List, Optional
 from ..errors import ConfigError
 
 #: the command modules of this package, in the order help lists them
-COMMANDS = ["detect", "env", "run", "ops", "k8s"]
+COMMANDS = ["detect", "env", "run", "ops", "k8s", "surface"]
 
 
 def build_parser(only: Optional[str] = None) -> argparse.ArgumentParser:
