@@ -44,9 +44,11 @@ WHOLE = ("torch.cuda", "torch.cuda.amp", "torch.cuda.graphs", "torch.cuda.nvtx",
 #: a name that says CUDA, NCCL, cuDNN, NVTX, CUDA's libraries, or the GPU (torch's ``gpu`` names
 #: mean CUDA: ``torch.get_autocast_gpu_dtype``)
 CUDA_NAME = re.compile(r"cuda|nccl|cudnn|nvtx|cublas|cufft|gpu", re.IGNORECASE)
-#: parameter names that take a device or a device type, a stream, a dispatch key
+#: parameter names that take a device or a device type, a stream, a dispatch key, a collective
+#: library (``backend="nccl"``)
 PARAMETER_KINDS = (
     ("device", re.compile(r"device|^map_location$|^use_cuda$")),
+    ("collective", re.compile(r"^backend$")),
     ("stream", re.compile(r"stream")),
     ("dispatch_key", re.compile(r"dispatch_key|^types$")),
 )
@@ -62,8 +64,8 @@ class Entry:
     ``torch.Tensor.to``) or the operator's ``namespace::name.overload`` (``aten::arange.start_step``;
     the default overload without a suffix). ``kind``: ``operator``, ``function``, ``class``,
     ``method`` or ``attribute``. ``namespace``: where it was found (``aten`` for operators).
-    ``reasons``: why it is in the surface — ``device``, ``stream``, ``dispatch_key`` (it takes
-    one), ``cuda_name`` (its name says CUDA), ``whole`` (a CUDA namespace); ``tags``: what torch
+    ``reasons``: why it is in the surface — ``device``, ``stream``, ``dispatch_key``,
+    ``collective`` (it takes one), ``cuda_name`` (its name says CUDA), ``whole`` (a CUDA namespace); ``tags``: what torch
     says of it beyond that (``device_constructor``: in torch's own list of device constructors)."""
 
     name: str
