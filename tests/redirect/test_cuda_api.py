@@ -136,18 +136,24 @@ def test_nvtx_and_amp_namespaces(cpu_backend):
     nvtx.range_push("from-import")
 
 
-@pytest.mark.parametrize("name", ["CUDAGraph", "graph", "make_graphed_callables", "utilization",
-                                  "set_per_process_memory_fraction", "caching_allocator_alloc"])
+#: unserved names and arguments that fit each one's signature
+UNSERVED_CALLS = {"CUDAGraph": (), "graph": (None,), "make_graphed_callables": (None, None), "utilization": (),
+                  "set_per_process_memory_fraction": (0.5,), "caching_allocator_alloc": (8,)}
+
+
+@pytest.mark.parametrize("name", sorted(UNSERVED_CALLS))
 def test_unserved_attributes_raise_on_use_naming_attribute_and_backend(cpu_backend, name):
     stand_in = getattr(torch.cuda, name)  # naming it (annotations, isinstance) is harmless
     assert not isinstance(torch.zeros(1), stand_in)
     assert stand_in | None is not None
-    for use in (lambda: stand_in(), lambda: stand_in.replay, lambda: stand_in(0, device="cuda")):
+    for use in (lambda: stand_in(*UNSERVED_CALLS[name]), lambda: stand_in.replay):
         with pytest.raises(UnsupportedFeatureError) as info:
             use()
         message = str(info.value)
         assert f"torch.cuda.{name}" in message and "'cpu'" in message
         assert "not compiled with CUDA" not in message
+    with pytest.raises(TypeError):  # arguments the real function does not take: CUDA's error first
+        stand_in(0, 1, 2, 3, 4, 5, no_such_argument=1)
     assert getattr(torch.cuda, name) is stand_in
 
 

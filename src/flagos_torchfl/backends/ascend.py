@@ -24,6 +24,7 @@ class AscendBackend(Backend):
     priority = 90
     profiler_activity = "PrivateUse1"
     kernel_libraries = ("flaggems",)
+    runs_triton = True
     kubernetes = KubernetesDevices(resources=("huawei.com/Ascend910", "huawei.com/Ascend310P",
                                             "huawei.com/Ascend310"))
     allocator_conf_env = ("PYTORCH_NPU_ALLOC_CONF",)

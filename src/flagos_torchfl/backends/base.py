@@ -85,6 +85,10 @@ class Backend:
     routes_operators: bool = True
     #: kernel libraries (provider names, e.g. ``"flaggems"``) that may serve this chip
     kernel_libraries: Tuple[str, ...] = ()
+    #: whether the chip runs Triton kernels (a Triton backend of its vendor's: triton-ascend,
+    #: Cambricon's and Moore Threads' Triton, Intel's XPU backend); False: a library's Triton
+    #: kernels (``triton_op``, ``wrap_triton``) are refused on its tensors, naming the reason
+    runs_triton: bool = False
     #: the ``torch.profiler.ProfilerActivity`` that records this chip's work (None: host only)
     profiler_activity: Optional[str] = None
     #: whether the chip computes TF32 (``torch.cuda.is_tf32_supported()`` where its device

@@ -20,6 +20,7 @@ class CambriconBackend(Backend):
     priority = 85
     profiler_activity = "PrivateUse1"
     kernel_libraries = ("flaggems",)
+    runs_triton = True
     # the device plugin with --enable-device-type names each model: cambricon.com/mlu370 ...
     kubernetes = KubernetesDevices(resources=("cambricon.com/mlu", "cambricon.com/mlu370"))
     plugin_module = "torch_mlu"

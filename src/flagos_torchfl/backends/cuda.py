@@ -25,6 +25,7 @@ class CudaBackend(Backend):
     priority = 100
     profiler_activity = "CUDA"
     kernel_libraries = ("flaggems",)
+    runs_triton = True
     kubernetes = KubernetesDevices(resources=("nvidia.com/gpu",),
                                    probe_env=MappingProxyType({"NVIDIA_VISIBLE_DEVICES": "all"}))
     allocator_conf_env = TORCH_ALLOCATOR_VARIABLES

@@ -18,6 +18,7 @@ class MThreadsBackend(Backend):
     priority = 80
     profiler_activity = "PrivateUse1"
     kernel_libraries = ("flaggems",)
+    runs_triton = True
     kubernetes = KubernetesDevices(resources=("mthreads.com/gpu",))
     plugin_module = "torch_musa"
     query_tool = ("mthreads-gmi",)

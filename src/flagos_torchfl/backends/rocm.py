@@ -20,6 +20,7 @@ class RocmBackend(Backend):
     priority = 95
     profiler_activity = "CUDA"
     kernel_libraries = ("flaggems",)
+    runs_triton = True
     kubernetes = KubernetesDevices(resources=("amd.com/gpu",))
     allocator_conf_env = TORCH_ALLOCATOR_VARIABLES
     query_tool = ("rocm-smi", "--showdriverversion")

@@ -16,6 +16,7 @@ class XpuBackend(Backend):
     priority = 70
     profiler_activity = "XPU"
     kernel_libraries = ("flaggems",)
+    runs_triton = True
     kubernetes = KubernetesDevices(resources=("gpu.intel.com/i915", "gpu.intel.com/xe"))
     query_tool = ("xpu-smi", "discovery")
     driver_pattern = r"Driver Version\s*:\s*(\S+)"

@@ -182,7 +182,7 @@ class _Mirrors:
     def __init__(self, target: Target) -> None:
         self.target = target
         self.key = target.chip.dispatch_key
-        self.runs_triton = bool(getattr(target.chip, "runs_triton", False))
+        self.runs_triton = target.chip.runs_triton
         self.libraries: Dict[str, Any] = {}
         self.lock = threading.RLock()
 
@@ -339,7 +339,7 @@ def patch_triton_launches(target: Target, patcher: Patcher) -> None:
     """A ``wrap_triton`` launch with a tensor on the backend's device is refused, naming the
     reason, where the chip does not run Triton (Triton itself fails there with "0 active
     drivers" or a pointer it cannot access); launches on other devices go on unchanged."""
-    if getattr(target.chip, "runs_triton", False):
+    if target.chip.runs_triton:
         return
     from torch._higher_order_ops.triton_kernel_wrap import TraceableTritonKernelWrapper as wrapper
 

@@ -22,7 +22,7 @@ import torch
 
 from ..aten import dispatcher
 from ..inline import InlineEvent, InlineStream
-from . import runtime
+from . import runtime, tensors
 
 __all__ = [
     "is_available", "is_initialized", "init", "device_count", "current_device", "set_device", "device",
@@ -329,6 +329,7 @@ def caching_allocator_alloc(size: int, device: Any = None, stream: Any = None) -
         return 0
     with _raw_lock:
         _raw_blocks[block.ptr] = (alloc, block)
+    tensors.report_memory(block.ptr, block.size, alloc)
     return block.ptr
 
 
@@ -342,6 +343,7 @@ def caching_allocator_delete(mem_ptr: int) -> None:
         raise RuntimeError(f"invalid device pointer: 0x{mem_ptr:x}")
     alloc, block = found
     alloc.free(block)
+    tensors.report_memory(block.ptr, -block.size, alloc)
 
 
 # -- streams and events ----------------------------------------------------------------------

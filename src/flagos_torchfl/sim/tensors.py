@@ -54,6 +54,15 @@ class _Memory:
         block, self.block = self.block, None
         if block is not None and not sys.is_finalizing():
             self.allocator.free(block)
+            report_memory(block.ptr, -block.size, self.allocator)
+
+
+def report_memory(ptr: int, delta: int, alloc: CachingAllocator) -> None:
+    """Tell a profiler that records memory (``profile_memory=True``) that ``delta`` bytes at
+    ``ptr`` were allocated (negative: freed) on ``alloc``'s device (needs the native runtime)."""
+    native = runtime.native()
+    if native is not None and native.memory_profiling():
+        native.report_memory(ptr, delta, alloc.allocated, alloc.reserved, alloc.device_index)
 
 
 def new_storage(nbytes: int, index: int) -> torch.UntypedStorage:
@@ -63,6 +72,8 @@ def new_storage(nbytes: int, index: int) -> torch.UntypedStorage:
     alloc = runtime.allocator(index)
     block = alloc.allocate(nbytes)
     ptr = 0 if block is None else block.ptr
+    if block is not None:
+        report_memory(ptr, block.size, alloc)
     storage = torch._C._construct_storage_from_data_pointer(
         ptr, torch.device(runtime.DEVICE_TYPE, index), nbytes)
     storage._fl_memory = _Memory(block, alloc)
