@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import importlib
 import sys
 import threading
 import types
@@ -213,8 +214,9 @@ class CudaFacade:
         }
         if self.t.native:
             return table
-        memory_names = [n for n in torch.cuda.memory.__all__ if n in table]
-        random_names = [n for n in torch.cuda.random.__all__ if n in table]
+        # the real submodules' names (while the facade is active torch.cuda.memory is its namespace)
+        memory_names = [n for n in importlib.import_module("torch.cuda.memory").__all__ if n in table]
+        random_names = [n for n in importlib.import_module("torch.cuda.random").__all__ if n in table]
         table.update({
             "is_available": f.is_available,
             "is_initialized": f.is_initialized, "init": f.init,
@@ -230,9 +232,9 @@ class CudaFacade:
             "nvtx": f.nvtx_namespace(),
             "nccl": f.nccl_namespace(),
             "memory": Namespace("torch.cuda.memory", {n: table[n] for n in memory_names},
-                                getattr(self._cuda, "memory", None), self.t),
+                                getattr(self._cuda, "memory", None), self.t, self._mod_or_counterpart),
             "random": Namespace("torch.cuda.random", {n: table[n] for n in random_names},
-                                getattr(self._cuda, "random", None), self.t),
+                                getattr(self._cuda, "random", None), self.t, self._mod_or_counterpart),
         })
         for name, dtype in LEGACY_TYPES.items():
             table[name] = _legacy_type(name, dtype, self.t)

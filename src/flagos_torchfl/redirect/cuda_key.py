@@ -200,7 +200,8 @@ class _Mirrors:
             if _is_triton_op(qualname) and not self.runs_triton:
                 kernel, with_keyset = self._refusal(qualname), False
             library = torch.library.Library(qualname.partition("::")[0], "FRAGMENT")
-            library.impl(qualname.partition("::")[2], kernel, self.key, with_keyset=with_keyset)
+            keyset = {"with_keyset": True} if with_keyset else {}  # torch 2.1's impl takes no with_keyset
+            library.impl(qualname.partition("::")[2], kernel, self.key, **keyset)
             self.libraries[qualname] = library
 
     def refuse_triton(self, qualname: str) -> None:

@@ -75,7 +75,8 @@ def own_device(target: Target):
     type where its activity is PrivateUse1, None (host timings only) otherwise."""
     from torch.profiler import ProfilerActivity
 
-    return target.device_type if own_activity(target) == ProfilerActivity.PrivateUse1 else None
+    private_use1 = getattr(ProfilerActivity, "PrivateUse1", None)  # torch 2.1 has none
+    return target.device_type if private_use1 is not None and own_activity(target) == private_use1 else None
 
 
 @patch_function("profiler")

@@ -136,10 +136,13 @@ class Namespace(types.ModuleType):
     """A stand-in for a ``torch.cuda`` submodule: served names, private names of the real
     submodule, unserved stand-ins for its other names, AttributeError for names it lacks."""
 
-    def __init__(self, name: str, served: Dict[str, Any], real: Any, target: Target):
+    def __init__(self, name: str, served: Dict[str, Any], real: Any, target: Target,
+                 delegate: Optional[Callable[[str], Any]] = None):
+        """``delegate(name)``: the backend's answer for a public name the namespace does not
+        serve itself (None: it has none, and the name gets a stand-in)."""
         super().__init__(name, getattr(real, "__doc__", None))
         self.__dict__.update(served)
-        self._real, self._target = real, target
+        self._real, self._target, self._delegate = real, target, delegate
 
     def __getattr__(self, name):
         if name.startswith("__"):
@@ -148,6 +151,9 @@ class Namespace(types.ModuleType):
             return getattr(self._real, name)
         if self._real is not None and not hasattr(self._real, name):
             raise AttributeError(f"module {self.__name__!r} has no attribute {name!r}")
+        found = self._delegate(name) if self._delegate is not None and not name.startswith("_") else None
+        if found is not None:
+            return found
         stand_in = unserved(name, self._target, self.__name__,
                             real=_MISSING if self._real is None else getattr(self._real, name, _MISSING))
         setattr(self, name, stand_in)

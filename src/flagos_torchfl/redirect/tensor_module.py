@@ -67,9 +67,10 @@ def _allow_on_uninitialized(patcher: Patcher, replaced: dict) -> None:
 @patch_function("storage_to", on_cuda=True)
 def patch_storage_to(target: Target, patcher: Patcher) -> None:
     """Storages: ``untyped_storage().cuda(N)``, ``storage().cuda()`` and ``.to(device="cuda")``
-    copy to the backend's device (``TypedStorage`` goes through its untyped storage's)."""
+    copy to the backend's device (``TypedStorage`` goes through its untyped storage's); a
+    storage already there is returned itself, as CUDA returns one already on the device."""
     base = torch.storage._StorageBase
-    original_to = base.to
+    original_to = getattr(base, "to", None) or _storage_to  # torch 2.1 has no Storage.to
     translate = target.translate
 
     @functools.wraps(original_to)
@@ -80,8 +81,20 @@ def patch_storage_to(target: Target, patcher: Patcher) -> None:
     def cuda(self, device=None, non_blocking=False):
         return original_to(self, device=translate("cuda" if device is None else device), non_blocking=non_blocking)
 
-    patcher.setattr(base, "to", to)
+    if hasattr(base, "to"):
+        patcher.setattr(base, "to", to)
     patcher.setattr(base, "cuda", cuda)
+
+
+def _storage_to(storage, *, device, non_blocking=False):
+    """``storage`` on ``device`` (a new untyped storage holding a copy; the storage itself where
+    it is there already)."""
+    device = torch.device(device)
+    if storage.device == device:
+        return storage
+    copy = torch.UntypedStorage(storage.nbytes(), device=device)
+    copy.copy_(storage, non_blocking)
+    return copy
 
 
 @patch_function("module_to", on_cuda=True)
