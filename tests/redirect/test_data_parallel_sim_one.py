@@ -1,0 +1,11 @@
+"""``torch.nn.DataParallel`` on the plain sim with one device: scatter to it and the module
+itself, as DataParallel does with one device (cases: :mod:`tests.redirect.data_parallel_cases`)."""
+from __future__ import annotations
+
+import pytest
+
+from tests.redirect.data_parallel_cases import *  # noqa: F401,F403 - the cases and their fixture
+
+pytestmark = [pytest.mark.isolated, pytest.mark.needs_sim]
+PROFILE = None
+DEVICES = 1
