@@ -1,7 +1,9 @@
 """Collectives: ``init_process_group("nccl")`` and ``new_group(backend="nccl")`` use the
 backend's collective library, ``Backend.default_device_backend_map`` sends ``cuda`` there too,
 and ``DistributedDataParallel(device_ids=[N], output_device=N)`` and ``barrier(device_ids=[N])``
-address the backend's device.
+address the backend's device. Where torch is built without NCCL, ``torch.distributed.ProcessGroupNCCL``
+stands for the chip's collective (its backends are instances, its ``Options()`` are NCCL's,
+accepted and dropped by ``init_process_group``/``new_group``).
 
 ``dist.get_backend()`` stays truthful: it names the library really in use (``gloo``, ``hccl``...).
 
@@ -11,7 +13,12 @@ distributed support, whose ``import torch`` loads none of these modules, nothing
 """
 from __future__ import annotations
 
+import copy
+import datetime
+import functools
+import json
 import sys
+from importlib import resources
 from typing import Any, Optional
 
 import torch
@@ -55,6 +62,8 @@ def _device_id(target: Target, value: Any) -> Optional[torch.device]:
 
 def _rebinding(target: Target, original, names, fills_backend: bool) -> Any:
     def edit(values: dict) -> None:
+        if _nccl_options(values.get("pg_options")):
+            values["pg_options"] = None  # see patch_process_group_nccl
         if values.get("backend") is not None:
             values["backend"] = translate_backend(target, values["backend"])
         elif fills_backend and values.get("device_id") is not None:
@@ -67,10 +76,17 @@ def _rebinding(target: Target, original, names, fills_backend: bool) -> Any:
     return with_edited_arguments(original, edit)
 
 
+def _nccl_options(value: Any) -> bool:
+    """Whether ``value`` is a ``ProcessGroupNCCL.Options`` (torch's, or the stand-in's)."""
+    nccl = getattr(sys.modules.get("torch.distributed.distributed_c10d"), "ProcessGroupNCCL", None)
+    return nccl is not None and isinstance(value, nccl.Options)
+
+
 @patch_function("process_group", waits_for="torch.distributed.distributed_c10d")
 def patch_process_group(target: Target, patcher: Patcher) -> None:
     """``init_process_group(backend="nccl", device_id=N)``, ``new_group(backend="nccl")`` and
-    ``Backend.default_device_backend_map["cuda"]`` -> the backend's collective library."""
+    ``Backend.default_device_backend_map["cuda"]`` -> the backend's collective library; their
+    ``pg_options=ProcessGroupNCCL.Options()`` is dropped (:func:`patch_process_group_nccl`)."""
     import torch.distributed as dist
     import torch.distributed.distributed_c10d as c10d
 
@@ -108,6 +124,98 @@ def patch_nccl_queries(target: Target, patcher: Patcher) -> None:
         original = getattr(dist, name)
         wrapper.__doc__, wrapper.__wrapped__ = original.__doc__, original
         patcher.setattr(dist, name, wrapper)
+
+
+@patch_function("process_group_nccl", waits_for="torch.distributed.distributed_c10d")
+def patch_process_group_nccl(target: Target, patcher: Patcher) -> None:
+    """``torch.distributed.ProcessGroupNCCL`` (and ``distributed_c10d.ProcessGroupNCCL``) where
+    torch is built without NCCL, since ``dist.is_nccl_available()`` says True (``nccl_queries``):
+    a stand-in for the chip's collective. ``isinstance(backend, ProcessGroupNCCL)`` is True for
+    the backend a live group runs on the chip's device (``group._get_backend(torch.device(<the
+    chip's type>))``: gloo's on the cpu backend, the sim's ``simccl`` group), False for a
+    ``ProcessGroup`` (as with NCCL) and for every other backend; it cannot be constructed.
+    ``ProcessGroupNCCL.Options()`` has NCCL's attributes and defaults (``data/nccl_options.json``)
+    and NCCL's class constants; ``init_process_group``/``new_group`` drop it (``process_group``),
+    as torch drops ``pg_options`` for gloo: every setting in it (``is_high_priority_stream``, the
+    ``config`` of NCCL's communicator, ``split_from``/``split_color``) tunes an NCCL communicator
+    the chip's collective does not have, and none changes a result; the group's timeout is the
+    ``timeout`` argument, which NCCL too puts over the options' ``_timeout``.
+
+    A CUDA build keeps its own class, which ``distributed_c10d`` itself tests backends against
+    before it calls NCCL's methods: there ``isinstance`` is False for the chip's backend (code
+    takes the path it takes with gloo), and its ``Options()`` are dropped as above."""
+    import torch.distributed as dist
+    import torch.distributed.distributed_c10d as c10d
+
+    if hasattr(c10d, "ProcessGroupNCCL") or not dist.is_available():
+        return
+    stand_in = _process_group_nccl(target, c10d)
+    for module in (c10d, dist):
+        patcher.setitem(vars(module), "ProcessGroupNCCL", stand_in)
+
+
+@functools.lru_cache(maxsize=1)
+def _nccl_table() -> dict:
+    text = resources.files("flagos_torchfl").joinpath("data/nccl_options.json").read_text("utf-8")
+    return json.loads(text)
+
+
+class _ChipCollective(type):
+    """The stand-in's type: its instances are the chip's collective's backends."""
+
+    def __instancecheck__(cls, obj: Any) -> bool:
+        return cls._runs_on_chip(obj)
+
+
+def _process_group_nccl(target: Target, c10d: Any) -> type:
+    """The stand-in class of :func:`patch_process_group_nccl`."""
+    table = _nccl_table()
+    device = torch.device(target.device_type)
+    backend_class = torch._C._distributed_c10d.Backend  # (c10d.Backend is the names' class)
+
+    class NCCLConfig:
+        """NCCL's communicator settings, each left to NCCL by default."""
+
+        __slots__ = tuple(table["config"])
+
+        def __init__(self) -> None:
+            for name, value in table["config"].items():
+                setattr(self, name, value)
+
+    class Options(backend_class.Options):
+        """``ProcessGroupNCCL.Options(is_high_priority_stream=False)``: NCCL's attributes."""
+
+        def __init__(self, is_high_priority_stream: bool = False) -> None:
+            defaults = dict(table["options"])
+            super().__init__(defaults.pop("backend"), datetime.timedelta(seconds=defaults.pop("timeout_seconds")))
+            for name, value in defaults.items():
+                setattr(self, name, copy.copy(value))
+            self.config = NCCLConfig()
+            self.is_high_priority_stream = is_high_priority_stream
+
+    def runs_on_chip(obj: Any) -> bool:
+        if not isinstance(obj, backend_class):
+            return False
+        for group in list(getattr(c10d._world, "pg_map", ())):
+            try:
+                if group._get_backend(device) is obj:
+                    return True
+            except RuntimeError:  # the group has no backend for the chip's device
+                continue
+        return False
+
+    def refuse(self: Any, *args: Any, **kwargs: Any) -> None:
+        raise RuntimeError(
+            f"ProcessGroupNCCL cannot be constructed here: NCCL is not built into this torch, and "
+            f"init_process_group('nccl') / new_group(backend='nccl') run on the collective "
+            f"{target.collective!r} of backend {target.chip_name!r}: create groups with them")
+
+    namespace = {"__doc__": f"NCCL's process group, answered by {target.collective!r}: see "
+                            "flagos_torchfl.redirect.distributed.patch_process_group_nccl.",
+                 "__module__": "torch.distributed.distributed_c10d", "__init__": refuse,
+                 "Options": Options, "NCCLConfig": NCCLConfig,
+                 "_runs_on_chip": staticmethod(runs_on_chip), **table["constants"]}
+    return _ChipCollective("ProcessGroupNCCL", (), namespace)
 
 
 #: the reducing entry points PREMUL_SUM reaches (FSDP2's ``set_gradient_divide_factor``:
