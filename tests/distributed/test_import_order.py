@@ -36,7 +36,7 @@ RUNS = [("before", "sim"), ("after", "sim"), ("reactivated", "sim"), ("deactivat
 #: the patches still waiting when the client starts training: FSDP1's unless the program imported
 #: FSDP first, and accelerate's and DeepSpeed's (these programs import neither); the compile
 #: patch's too where dynamo is not imported yet (:func:`_expected`)
-LIBRARIES = ["accelerate_device", "deepspeed_accelerator"]
+LIBRARIES = ["accelerate_device", "deepspeed_accelerator", "triton_launches", "flex_attention"]
 WAITING = {"before": LIBRARIES, "deactivated": LIBRARIES, "after": ["fsdp_device_id", *LIBRARIES],
            "reactivated": ["fsdp_device_id", *LIBRARIES]}
 

@@ -111,7 +111,7 @@ for name in torch.cuda.__all__:
     if not (isinstance(value, type) and type(value).__name__ == "_UnservedMeta"):
         continue
     try:
-        value()
+        raise value._error()  # the error of a use (a call may first fail on its arguments)
     except ft.UnsupportedFeatureError as exc:
         answers[name] = str(exc)
 print(json.dumps(answers))

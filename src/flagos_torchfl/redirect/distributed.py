@@ -182,7 +182,7 @@ def _process_group_nccl(target: Target, c10d: Any) -> type:
             for name, value in table["config"].items():
                 setattr(self, name, value)
 
-    class Options(backend_class.Options):
+    class Options(getattr(backend_class, "Options", object)):
         """``ProcessGroupNCCL.Options(is_high_priority_stream=False)``: NCCL's attributes."""
 
         def __init__(self, is_high_priority_stream: bool = False) -> None:

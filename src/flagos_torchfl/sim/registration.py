@@ -216,17 +216,18 @@ def _declare_shallow_copy_compatible(library: torch.library.Library) -> None:
 
 
 def _ask_attention_choice(library: torch.library.Library) -> None:
-    """``scaled_dot_product_attention`` on the sim asks ``_fused_sdp_choice`` first, as on CUDA
-    and the CPU: PyTorch's composite skips the question on a PrivateUse1 device without a C++
-    choice of its own and runs math even with every attention backend disabled
-    (``sdpa_kernel([])``), where a device raises "No viable backend". The answer (the chip's
-    kernel, or the routing layer's composite) may raise; the attention itself stays PyTorch's
-    composite, math."""
+    """``scaled_dot_product_attention`` on the sim refuses, as the CPU does, when the program has
+    disabled both backends the host's kernels have (math and flash: ``sdpa_kernel([])``):
+    PyTorch's composite skips the choice on a PrivateUse1 device without a C++ choice of its own
+    and ran math even then, where a device raises "No viable backend". Otherwise the attention
+    stays PyTorch's composite, math (the flags are read, no operator is called, so tracing sees
+    the composite alone)."""
     op = torch.ops.aten.scaled_dot_product_attention.default
-    choice = torch.ops.aten._fused_sdp_choice.default
 
     def scaled_dot_product_attention(*args, **kwargs):
-        choice(*args, **kwargs)
+        if not (torch.backends.cuda.math_sdp_enabled() or torch.backends.cuda.flash_sdp_enabled()):
+            raise RuntimeError("No viable backend for scaled_dot_product_attention was found. This is likely "
+                               "due to turning off both the math kernel and the fused kernels.")
         return op.decompose(*args, **kwargs)
 
     library.impl("scaled_dot_product_attention", scaled_dot_product_attention, "AutogradPrivateUse1")
