@@ -92,3 +92,14 @@ def two_cpu_devices(monkeypatch):
 def torch_state():
     """``snapshot()`` and ``difference(before, after)``, for tests that compare torch states."""
     return types.SimpleNamespace(snapshot=snapshot, difference=difference)
+
+
+@pytest.fixture
+def sim_backend(monkeypatch):
+    """The sim activated through the public API (for isolated modules: it claims PrivateUse1);
+    deactivated afterwards."""
+    monkeypatch.setenv("FL_BACKEND", "sim")
+    ft.deactivate()
+    selection = ft.auto_select_backend()
+    yield selection
+    ft.deactivate()

@@ -133,19 +133,23 @@ def test_batchnorm_is_what_data_parallel_computes_on_cuda(two):
     assert torch.allclose(torch.nn.DataParallel(model)(batch.cuda()).cpu(), first(batch), atol=1e-5)
 
 
-class _Structured(torch.nn.Module):
-    def __init__(self):
+class Structured(torch.nn.Module):
+    """A module returning a dict holding a tuple; ``per_row``: its sum is one per row (so that
+    replicas' parts gather along the batch), else one scalar."""
+
+    def __init__(self, per_row=True):
         super().__init__()
         self.linear = torch.nn.Linear(4, 2)
+        self.per_row = per_row
 
     def forward(self, x, scale=1.0):
         y = self.linear(x) * scale
-        return {"out": y, "pair": (y.sum(1), x)}
+        return {"out": y, "pair": (y.sum(1) if self.per_row else y.sum(), x)}
 
 
 def test_dict_and_tuple_outputs_are_gathered(chip):
     torch.manual_seed(2)
-    host = _Structured()
+    host = Structured()
     model = copy.deepcopy(host).cuda()
     batch = torch.randn(6, 4)
     got = torch.nn.DataParallel(model)(batch.cuda(), scale=2.0)

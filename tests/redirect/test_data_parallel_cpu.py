@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import flagos_torchfl as ft
+from tests.redirect.data_parallel_cases import Structured
 
 
 def _model():
@@ -54,19 +55,11 @@ def test_data_parallel_keeps_torchs_bookkeeping(two_cpu_devices):
     assert torch.nn.DataParallel(model).device_ids == list(range(torch.cuda.device_count())) == [0, 1]
 
 
-class _Structured(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.linear = torch.nn.Linear(4, 2)
-
-    def forward(self, x, scale=1.0):
-        y = self.linear(x) * scale
-        return {"out": y, "pair": (y.sum(), x)}
 
 
 def test_structured_outputs_and_the_functional_form(two_cpu_devices):
     torch.manual_seed(1)
-    model = _Structured().cuda()
+    model = Structured(per_row=False).cuda()
     batch = torch.randn(6, 4, device="cuda")
     expected = model(batch, scale=2.0)
     got = torch.nn.DataParallel(model)(batch, scale=2.0)

@@ -10,20 +10,10 @@ import pytest
 import torch
 from torch.profiler import ProfilerActivity
 
-import flagos_torchfl as ft
 from tests.helpers import run_python
 from tests.redirect.test_profiler_cpu import PROGRAM, failure_lines, legacy_spellings, matmul
 
 pytestmark = [pytest.mark.isolated, pytest.mark.needs_sim]
-
-
-@pytest.fixture
-def sim_backend(monkeypatch):
-    monkeypatch.setenv("FL_BACKEND", "sim")
-    ft.deactivate()
-    selection = ft.auto_select_backend()
-    yield selection
-    ft.deactivate()
 
 
 @pytest.mark.parametrize("asked", legacy_spellings(), ids=lambda a: next(iter(a)))

@@ -12,15 +12,6 @@ import flagos_torchfl as ft
 pytestmark = [pytest.mark.isolated, pytest.mark.needs_sim]
 
 
-@pytest.fixture
-def sim_backend(monkeypatch):
-    monkeypatch.setenv("FL_BACKEND", "sim")
-    ft.deactivate()
-    selection = ft.auto_select_backend()
-    yield selection
-    ft.deactivate()
-
-
 def test_training_step_lands_on_sim(sim_backend):
     torch.manual_seed(0)
     model = torch.nn.Linear(4, 2).cuda()
