@@ -9,7 +9,7 @@ import pytest
 from tests.helpers import ROOT
 
 SRC = ROOT / "src" / "flagos_torchfl"
-#: package -> the packages of flagos_torchfl it may import (besides errors, log, variables, config, compat,
+#: package -> the packages of flagos_torchfl it may import (besides errors, log, variables, config, compat, data_files,
 #: autoload, atomic_file, inline, optimizer_steps)
 ALLOWED = {
     "aten": set(),
@@ -20,7 +20,8 @@ ALLOWED = {
     "k8s": {"backends"},
     "surface": {"backends", "sim"},
 }
-BASE = {"errors", "log", "variables", "config", "compat", "autoload", "atomic_file", "inline", "optimizer_steps"}
+BASE = {"errors", "log", "variables", "config", "compat", "autoload", "atomic_file", "inline", "optimizer_steps",
+        "data_files"}
 
 
 def imported_packages(path):
@@ -48,7 +49,7 @@ def test_imports_point_down(package):
 #: every module and package of flagos_torchfl, by layer, lowest first: each may import the base
 #: modules and what lies in a lower layer, nothing beside or above it (docs/design.md, "Layers")
 LAYERS = (
-    ("base", {"errors", "autoload", "compat", "entry_points", "inline", "optimizer_steps", "version",
+    ("base", {"errors", "autoload", "compat", "entry_points", "inline", "optimizer_steps", "version", "data_files",
               "active", "config", "log", "variables", "atomic_file", "checkpoint_files"}),
     ("operators", {"aten"}),
     ("simulated device", {"sim"}),

@@ -9,11 +9,10 @@ and for a default overload the bare ``"aten::relu"``.
 from __future__ import annotations
 
 import functools
-import json
 import re
-from importlib import resources
 from typing import Callable, Dict, FrozenSet, Iterable, List, Tuple
 
+from ..data_files import read_json
 from ..errors import ConfigError, closest
 from ..log import get_logger
 from .dispatcher import PREFIX, needs_backend_kernel, overloads_by_packet
@@ -27,8 +26,7 @@ def _normalise(name: str) -> str:
 @functools.lru_cache(maxsize=1)
 def table() -> dict:
     """The parsed data file: ``{"categories": {...}, "names": {...}}``."""
-    text = resources.files("flagos_torchfl").joinpath("data/op_names.json").read_text("utf-8")
-    return json.loads(text)
+    return read_json("op_names.json")
 
 
 def aten_overloads(entry: str) -> Tuple[str, ...]:

@@ -4,17 +4,14 @@ chip — the name its plugin reports, memory per device, bfloat16 and TF32 suppo
 where it was read. A chip named alone is its default model."""
 from __future__ import annotations
 
-import json
-import os
 from dataclasses import dataclass
 from functools import lru_cache
 from types import MappingProxyType
 from typing import Dict, Mapping, Tuple
 
+from ..data_files import read_json
 from ..errors import ConfigError, suggestion
 
-#: read by path: activation imports no importlib.resources
-_FILE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data", "chip_models.json")
 
 
 @dataclass(frozen=True)
@@ -38,8 +35,7 @@ class ChipModel:
 
 @lru_cache(maxsize=None)
 def _table() -> Mapping[str, Tuple[str, Mapping[str, ChipModel]]]:
-    with open(_FILE, encoding="utf-8") as f:
-        data = json.load(f)
+    data = read_json("chip_models.json")
     table = {}
     for chip, entry in data["chips"].items():
         models = {name: ChipModel(chip, name, m["device_name"], int(m["memory_gib"]) << 30,

@@ -4,15 +4,15 @@
 of ``torch.cuda`` names a program used that its chip lacks (the verdict lists them)."""
 from __future__ import annotations
 
-import json
 import threading
 from dataclasses import dataclass
 from functools import lru_cache
-from importlib import resources
 from types import MappingProxyType
 from typing import Dict, List, Mapping, Optional, Tuple
 
-_DIR = "data/device_modules"
+from ..data_files import names, read_json
+
+_DIR = "device_modules"
 
 
 @dataclass(frozen=True)
@@ -35,8 +35,7 @@ class DeviceModuleTable:
 
 def available() -> List[str]:
     """Chips with a device-module table, sorted."""
-    folder = resources.files("flagos_torchfl").joinpath(_DIR)
-    return sorted(p.name[:-5] for p in folder.iterdir() if p.name.endswith(".json"))
+    return names(_DIR)
 
 
 @lru_cache(maxsize=None)
@@ -45,7 +44,7 @@ def load(chip: str) -> Optional[DeviceModuleTable]:
     installed device module alone)."""
     if chip not in available():
         return None
-    data = json.loads(resources.files("flagos_torchfl").joinpath(f"{_DIR}/{chip}.json").read_text("utf-8"))
+    data = read_json(f"{_DIR}/{chip}.json")
     return DeviceModuleTable(chip=data["chip"], module=data["module"], device_module=data["device_module"],
                              names=frozenset(data["names"]), torch_checked=data["torch_checked"],
                              source=MappingProxyType(dict(data["source"])))

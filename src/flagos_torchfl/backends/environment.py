@@ -14,7 +14,6 @@ Rules:
 """
 from __future__ import annotations
 
-import json
 import math
 import os
 from dataclasses import dataclass
@@ -22,12 +21,11 @@ from functools import lru_cache
 from typing import Callable, Dict, List, MutableMapping, Optional, Sequence, Tuple
 
 from .. import variables
+from ..data_files import read_json
 from ..log import get_logger
 
 log = get_logger("backends")
 MARK = "FL_ENVIRONMENT_TRANSLATED"
-#: read by path: activation imports no importlib.resources
-_FILE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data", "cuda_environment.json")
 
 
 def _zero_or_one(text: str) -> str:
@@ -66,8 +64,7 @@ class Counterpart:
 @lru_cache(maxsize=None)
 def counterparts(chip: str) -> Tuple[Counterpart, ...]:
     """The rules of ``chip`` (a backend name; none for a chip without a table)."""
-    with open(_FILE, encoding="utf-8") as f:
-        data = json.load(f)
+    data = read_json("cuda_environment.json")
     return tuple(Counterpart(tuple(r["from"]), r["to"], r["value"], r["source"])
                  for r in data["chips"].get(chip, ()))
 

@@ -2,16 +2,15 @@
 ``tools/chip_tables.py``, whose docstring describes the format)."""
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from functools import lru_cache
-from importlib import resources
 from types import MappingProxyType
 from typing import List, Mapping, Tuple
 
+from ..data_files import names, read_json
 from ..errors import ConfigError, suggestion
 
-_DIR = "data/chips"
+_DIR = "chips"
 
 
 @dataclass(frozen=True)
@@ -38,8 +37,7 @@ class OpTable:
 
 def available() -> List[str]:
     """Names of the chips with a table, sorted."""
-    folder = resources.files("flagos_torchfl").joinpath(_DIR)
-    return sorted(p.name[:-5] for p in folder.iterdir() if p.name.endswith(".json"))
+    return names(_DIR)
 
 
 def load(chip: str) -> OpTable:
@@ -54,8 +52,7 @@ def load(chip: str) -> OpTable:
 
 @lru_cache(maxsize=None)
 def _load(chip: str) -> OpTable:
-    text = resources.files("flagos_torchfl").joinpath(f"{_DIR}/{chip}.json").read_text("utf-8")
-    data = json.loads(text)
+    data = read_json(f"{_DIR}/{chip}.json")
     return OpTable(
         chip=data["chip"],
         device_type=data["device_type"],

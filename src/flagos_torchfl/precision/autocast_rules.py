@@ -19,14 +19,13 @@ otherwise) and only touch eligible tensors (see :mod:`._casting`).
 from __future__ import annotations
 
 import functools
-import json
 from dataclasses import dataclass, field
-from importlib import resources
 from typing import Callable, Dict, Iterable, List, Optional, Tuple
 
 import torch
 
 from ..aten import dispatcher
+from ..data_files import read_json
 from . import _casting, _dispatch
 
 #: what CUDA's autocast raises for ``binary_cross_entropy`` (``aten/src/ATen/autocast_mode.cpp``),
@@ -46,8 +45,7 @@ CORE_OPS = dispatcher.AUTOCAST_CORE_OPS
 def cuda_lists() -> dict:
     """The parsed data file: ``{"about", "provenance", "policies"}``; ``policies`` maps each
     policy to its operators (``fp32_append_dtype``: operator -> the overload it calls)."""
-    text = resources.files("flagos_torchfl").joinpath("data/autocast_cuda.json").read_text("utf-8")
-    return json.loads(text)
+    return read_json("autocast_cuda.json")
 
 
 def listed_ops() -> Dict[str, str]:

@@ -16,14 +16,13 @@ from __future__ import annotations
 import copy
 import datetime
 import functools
-import json
 import sys
-from importlib import resources
 from typing import Any, Optional
 
 import torch
 
 from .. import compat
+from ..data_files import read_json
 from .devices import Target
 from .patches import Patcher, patch_function, with_edited_arguments
 
@@ -156,8 +155,7 @@ def patch_process_group_nccl(target: Target, patcher: Patcher) -> None:
 
 @functools.lru_cache(maxsize=1)
 def _nccl_table() -> dict:
-    text = resources.files("flagos_torchfl").joinpath("data/nccl_options.json").read_text("utf-8")
-    return json.loads(text)
+    return read_json("nccl_options.json")
 
 
 class _ChipCollective(type):

@@ -16,10 +16,9 @@ from __future__ import annotations
 import dataclasses
 import fnmatch
 import functools
-import json
-from importlib import resources
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple
 
+from ..data_files import read_json
 from .entries import Entry
 
 VERDICTS = ("redirected", "answered", "passed", "refused")
@@ -117,8 +116,7 @@ class Table:
 @functools.lru_cache(maxsize=None)
 def load() -> Table:
     """The table shipped in ``data/cuda_surface.json``."""
-    text = resources.files("flagos_torchfl").joinpath("data/cuda_surface.json").read_text("utf-8")
-    return Table(json.loads(text))
+    return Table(read_json("cuda_surface.json"))
 
 
 def unclassified(rows: Iterable[Row]) -> List[Row]:
