@@ -7,21 +7,18 @@ operator path costs nothing extra. When the backend *is* CUDA (NVIDIA or ROCm) n
 patched, unless ``gpu_ids`` renumbers devices; then only the patches that carry device
 numbers are applied.
 
-Families, in application order: :mod:`.devices` (``with torch.device``, set_default_device,
-Generator), :mod:`.factories`, :mod:`.tensor_module`, :mod:`.cuda_api` (the ``torch.cuda``
-facade), :mod:`.amp`, :mod:`.compiling`, :mod:`.profiler`, :mod:`.distributed`, :mod:`.clean_exit`, :mod:`.serialization`, :mod:`.accelerator`,
-:mod:`.accelerate_device`, :mod:`.deepspeed_accelerator`.
+The patch families (:data:`FAMILIES`) register their patches as they are imported, in that
+order, which is the order of application (``docs/design.md`` has the table).
 """
 from __future__ import annotations
 
+import importlib
 import threading
 from typing import Any, Callable, List, Optional, Tuple
 
 from ..errors import ActivationError
 from ..log import get_logger
-# imported in application order: each module registers its patches as it is imported
-from . import devices, factories, tensor_module, cuda_api, amp, compiling, profiler, distributed, clean_exit, serialization, accelerator  # noqa: F401,I001
-from . import accelerate_device, deepspeed_accelerator, cuda_key, data_parallel, attention  # noqa: F401,E402,I001
+from . import factories
 from .devices import DeviceOrdinalError, Target
 from .patches import REGISTRY, Patch, Patcher
 from .shims import find_shim, refuse_if_shimmed
@@ -30,6 +27,16 @@ __all__ = [
     "activate", "apply", "active_patches", "waiting_patches", "patches_for", "DeviceOrdinalError", "Target",
     "find_shim", "REGISTRY",
 ]
+
+#: the modules that register patches, in the order activation applies them: each family's
+#: patches are applied after those of the families before it
+FAMILIES = (
+    "devices", "factories", "tensor_module", "cuda_api", "amp", "compiling", "profiler", "distributed",
+    "clean_exit", "serialization", "accelerator", "accelerate_device", "deepspeed_accelerator", "cuda_key",
+    "data_parallel", "attention",
+)
+for _family in FAMILIES:
+    importlib.import_module(f"{__name__}.{_family}")
 
 log = get_logger("redirect")
 _lock = threading.RLock()
