@@ -137,12 +137,65 @@ def find(op) -> Optional[Tuple[Decomposition, str]]:
     decompositions = table()
     if not schema.written_args(op):
         fn = decompositions.get(op)
-        return (fn, "torch._decomp") if fn is not None else None
+        return (_in_opmath(op, fn), "torch._decomp") if fn is not None else None
     functional = schema.functional_variant(op)
     if functional is not None and functional in decompositions:
-        fn = decompositions[functional]
+        fn = _in_opmath(functional, decompositions[functional])
         return _writing(op, functional, fn), f"torch._decomp of {schema.qualified_name(functional)}, written into the output"
     return None
+
+
+#: the dtype a device kernel computes a low-precision dtype in (PyTorch's ``opmath_type``)
+OPMATH = {torch.float16: torch.float32, torch.bfloat16: torch.float32, torch.complex32: torch.complex64}
+
+
+def _upcast(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.to(OPMATH[value.dtype]) if value.dtype in OPMATH else value
+    if isinstance(value, (list, tuple)):
+        return type(value)(_upcast(v) for v in value)
+    return value
+
+
+def _has_low_precision(values) -> bool:
+    for value in values:
+        if isinstance(value, torch.Tensor):
+            if value.dtype in OPMATH:
+                return True
+        elif isinstance(value, (list, tuple)) and _has_low_precision(value):
+            return True
+    return False
+
+
+def _round_to(value: Any, like: Any) -> Any:
+    if isinstance(value, torch.Tensor) and isinstance(like, torch.Tensor) and value.dtype != like.dtype:
+        return value.to(like.dtype)
+    if isinstance(value, (list, tuple)) and isinstance(like, (list, tuple)):
+        return type(value)(_round_to(v, w) for v, w in zip(value, like))
+    return value
+
+
+def _in_opmath(op, fn: Decomposition) -> Decomposition:
+    """``fn`` computing as a device kernel computes: float16/bfloat16 (complex32) tensor
+    arguments in float32 (complex64), each result rounded once to the dtype the operator
+    returns (its meta kernel says which). A decomposition run in the low precision itself
+    rounds after every step (a bfloat16 ``index_add`` of repeated indices drifted from the
+    CPU kernel's sum). Calls without low-precision tensors, and operators without a meta
+    kernel, run ``fn`` as it is."""
+
+    def run(*args, **kwargs):
+        if not (_has_low_precision(args) or _has_low_precision(kwargs.values())):
+            return fn(*args, **kwargs)
+        try:
+            expected = op(*_meta(args), **{k: _meta(v) for k, v in kwargs.items()})
+        except Exception:
+            return fn(*args, **kwargs)
+        result = fn(*_upcast(args), **{k: _upcast(v) for k, v in kwargs.items()})
+        if result is NotImplemented:
+            return result
+        return _round_to(result, expected)
+
+    return run
 
 
 def _writing(op, functional, fn: Decomposition) -> Decomposition:

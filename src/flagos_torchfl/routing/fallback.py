@@ -158,6 +158,20 @@ def _scalars_as_tensors(op, bound: Dict[str, Any]) -> None:
 
 def run(op, args: tuple, kwargs: dict, device_type: str) -> Tuple[Any, int]:
     """Run ``op`` on host copies; returns (result with device tensors, bytes copied)."""
+    bound, host_bound, result, mover = _on_host(op, args, kwargs, device_type)
+    _state.transfer = True
+    try:
+        for name in schema.written_args(op):
+            mover.write_back(bound[name], host_bound[name])
+        result = _results(op, bound, result, mover)
+    finally:
+        _state.transfer = False
+    return result, mover.bytes
+
+
+def _on_host(op, args: tuple, kwargs: dict, device_type: str):
+    """Run ``op``'s host kernel on host copies of the arguments: (the arguments bound by name,
+    their host copies, the host result, the mover that copied them)."""
     bound = schema.bind(op, args, kwargs)
     _scalars_as_tensors(op, bound)
     host_op, rewrite = host_operator(op)
@@ -177,14 +191,22 @@ def run(op, args: tuple, kwargs: dict, device_type: str) -> Tuple[Any, int]:
         _state.host_ops = running
     if mover.device is None:
         raise RouteUnavailable("no argument says which device the result belongs on")
-    _state.transfer = True
+    return bound, host_bound, result, mover
+
+
+def check_on_host(op, args: tuple, kwargs: dict, device_type: str) -> None:
+    """Raise what the CPU kernel of ``op`` raises for these arguments (run on host copies, the
+    result dropped): the operator's own argument and dtype checks, which a decomposition does
+    not carry (``index_fill_`` with a complex value into a float tensor, ``adaptive_max_pool2d``
+    of integers). Nothing happens where the CPU cannot serve as the reference: no CPU kernel, a
+    sampling operator (it would draw from the host's generator), or arguments naming no
+    device."""
+    if can_run(op) is not None or torch.Tag.nondeterministic_seeded in op.tags:
+        return
     try:
-        for name in schema.written_args(op):
-            mover.write_back(bound[name], host_bound[name])
-        result = _results(op, bound, result, mover)
-    finally:
-        _state.transfer = False
-    return result, mover.bytes
+        _on_host(op, args, kwargs, device_type)
+    except RouteUnavailable:
+        pass
 
 
 def _results(op, bound: Dict[str, Any], result: Any, mover: _Mover) -> Any:

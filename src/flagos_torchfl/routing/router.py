@@ -73,6 +73,9 @@ class Router:
         self.uses_fallback = False
         self._cache: Dict[tuple, Decision] = {}
         self._announced: set = set()
+        #: (cache key, kinds of the Python numbers passed) whose composite calls passed the
+        #: operator's own checks on the host
+        self._checked: set = set()
         self._lock = threading.RLock()
         self._libs: List[torch.library.Library] = []
         self._mechanism = "auto"
@@ -118,6 +121,8 @@ class Router:
                 raise CompositeAbort(frames[-1], f"its part {schema.qualified_name(op)} has no route "
                                      f"on the chip (it would need the {route} route)")
             try:
+                if route == "composite":
+                    self._check_arguments(op, key, args, kwargs)
                 result, nbytes, route = self._execute(op, decision, args, kwargs)
             except CompositeAbort:
                 raise
@@ -201,6 +206,7 @@ class Router:
             tried.append(("composite", why))
             return None
         fn, source = found
+        self._check_arguments(op, key, args, kwargs)
         try:
             result = composite.run(op, fn, args, kwargs)
         except CompositeAbort as abort:
@@ -231,6 +237,17 @@ class Router:
             tried.append(("fallback", str(exc)))
             return None
         return decision, result, nbytes
+
+    def _check_arguments(self, op, key: tuple, args: tuple, kwargs: dict) -> None:
+        """Raise what the operator itself raises for this call before a decomposition stands
+        in for it (:func:`fallback.check_on_host`): once per cache key and kinds of Python
+        numbers passed (``index_fill_`` takes ``0`` and refuses ``1+1j`` on a float tensor),
+        again on every call that was refused."""
+        checked = (key, _number_kinds(args, kwargs))
+        if checked in self._checked:
+            return
+        fallback.check_on_host(op, args, kwargs, self.policy.device_type)
+        self._checked.add(checked)
 
     def _keep(self, key: tuple, name: str, decision: Decision) -> None:
         self._cache[key] = decision
@@ -383,6 +400,7 @@ class Router:
             self.uninstall()
             self.policy = dataclasses.replace(self.policy, overrides=dict(overrides))
             self._cache.clear()
+            self._checked.clear()
             self.install(self._mechanism)
 
     def decision_for(self, op, dtypes=(torch.float32,), training: bool = False) -> Optional[Decision]:
@@ -393,6 +411,18 @@ class Router:
         """Every cached decision: (overload, dtypes, autograd needed, decision)."""
         return [(schema.qualified_name(op), dtypes_of(mask), training, d)
                 for (op, mask, training), d in list(self._cache.items())]
+
+
+def _number_kinds(args: tuple, kwargs: dict) -> tuple:
+    """The types of the Python numbers among the arguments, in order (a call's scalars can pass
+    or fail an operator's checks by their kind alone)."""
+    kinds = []
+    for value in (*args, *kwargs.values()):
+        if isinstance(value, _NUMBERS):
+            kinds.append(type(value))
+        elif isinstance(value, (list, tuple)):
+            kinds.extend(type(v) for v in value if isinstance(v, _NUMBERS))
+    return tuple(kinds)
 
 
 def _has_decomposition(name: str) -> bool:
