@@ -60,7 +60,7 @@ def start_paused_writer(path):
 
 def kill(proc):
     proc.send_signal(signal.SIGKILL)
-    proc.communicate(timeout=60)
+    proc.communicate(timeout=300)
     assert proc.returncode == -signal.SIGKILL
 
 

@@ -129,10 +129,10 @@ def test_cpu_build_with_driver_present(tool_dir, monkeypatch):
 
 def test_hanging_query_tool_is_bounded(tool_dir, monkeypatch):
     monkeypatch.setattr("torch.version.cuda", None)
-    write_tool(tool_dir, "nvidia-smi", "sleep 60")
+    write_tool(tool_dir, "nvidia-smi", "sleep 600")
     start = time.monotonic()
     result = registry().get("cuda").probe(timeout=1.0)
-    assert time.monotonic() - start < 10
+    assert time.monotonic() - start < 300  # did not wait for the tool's 600 s, however slow the machine
     assert "nvidia-smi did not answer within 1 s" in result.notes
     assert result.reason == "torch was built without CUDA"
 

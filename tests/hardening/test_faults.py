@@ -1,5 +1,6 @@
 """Fault injection: hung, garbage and failing vendor tools, plugins that hang or raise on import,
-and setting assignments while another thread trains. The whole module runs in well under 60 s."""
+and setting assignments while another thread trains. No verdict depends on the machine's speed: a
+hung tool hangs for 300 s, and what a test waits for is an event (a start stamp, a training step)."""
 import os
 import stat
 import threading
@@ -25,11 +26,13 @@ def write_tool(folder, name, body):
 @pytest.fixture
 def hung_tools(tmp_path):
     """Every vendor query tool on PATH, each hanging after forking a child that hangs too (its
-    pid written to ``<tool>.pid``)."""
+    start time written to ``<tool>.started``, its child's pid to ``<tool>.pid``). They hang for
+    300 s: a call that returns within 60 s was not waiting for them, however slow the machine."""
     folder = tmp_path / "bin"
     folder.mkdir()
     for tool in TOOLS:
-        write_tool(folder, tool, f"sleep 300 & echo $! > {tmp_path}/{tool}.pid\nsleep 300")
+        write_tool(folder, tool, f"date +%s.%N > {tmp_path}/{tool}.started\n"
+                               f"sleep 300 & echo $! > {tmp_path}/{tool}.pid\nsleep 300")
     return folder
 
 
@@ -50,28 +53,24 @@ def alive(pid: int, wait: float = 2.0) -> bool:
 def test_hung_tool_is_killed_with_its_children(hung_tools, tmp_path):
     start = time.monotonic()
     out, problem = probe_tools.run_tool([str(hung_tools / "npu-smi"), "info"], timeout=1.0)
-    assert time.monotonic() - start < 3
+    assert time.monotonic() - start < 60  # the tool hangs for 300 s
     assert out is None and problem == f"{hung_tools / 'npu-smi'} did not answer within 1 s"
     assert not alive(int((tmp_path / "npu-smi.pid").read_text()))
 
 
 def test_endless_garbage_is_cut_off(tmp_path):
     tool = write_tool(tmp_path, "garbage-smi", "yes '\\377\\001 garbage'")
-    start = time.monotonic()
-    out, problem = probe_tools.run_tool([str(tool)], timeout=5.0)
-    assert time.monotonic() - start < 5
+    out, problem = probe_tools.run_tool([str(tool)], timeout=300.0)  # cut by its size, not the clock
     assert out is None and problem == f"{tool} printed more than {probe_tools.MAX_TOOL_OUTPUT} bytes"
 
 
 def test_activation_with_every_tool_hung_runs_no_tool(hung_tools, tmp_path):
     env = prepend_path({"FL_PROBE_TIMEOUT": "3"}, "PATH", hung_tools)
-    code = ("import time, flagos_torchfl as ft; t = time.monotonic(); s = ft.auto_select_backend(); "
-            "print(s.backend, round(time.monotonic() - t, 2))")
-    proc = run_python(["-c", code], env=env, timeout=60)
+    code = "import flagos_torchfl as ft; print(ft.auto_select_backend().backend)"
+    proc = run_python(["-c", code], env=env, timeout=300)
     assert proc.returncode == 0, proc.stderr
-    backend, seconds = proc.stdout.split()
-    assert backend == "cpu" and float(seconds) < 3  # below one timeout: no tool was run
-    assert not list(tmp_path.glob("*.pid"))
+    assert proc.stdout.split() == ["cpu"]
+    assert not list(tmp_path.glob("*.started"))  # no tool was run
 
 
 def test_detect_queries_every_tool_at_once(hung_tools, tmp_path, monkeypatch):
@@ -80,9 +79,10 @@ def test_detect_queries_every_tool_at_once(hung_tools, tmp_path, monkeypatch):
     from flagos_torchfl.backends import registry
 
     monkeypatch.setenv("PATH", f"{hung_tools}{os.pathsep}{os.environ['PATH']}")
-    start = time.monotonic()
     drivers = probe_tools.query_drivers(registry().backends(), 2.0)
-    assert time.monotonic() - start < 2.0 + 1.5  # one timeout in all, not one per tool
+    # one timeout in all, not one per tool: the second tool started before the first one's ran out
+    started = sorted(float(p.read_text()) for p in tmp_path.glob("*.started"))
+    assert len(started) == 2 and started[1] - started[0] < 2.0
     assert drivers["cuda"] == (None, "nvidia-smi did not answer within 2 s")
     assert drivers["rocm"] == (None, "rocm-smi did not answer within 2 s")
     assert drivers["ascend"] == (None, None)
@@ -100,10 +100,10 @@ def test_broken_plugin_under_auto_selection_falls_back_to_cpu(tmp_path, plugin, 
     (tmp_path / "torch_npu.py").write_text(plugin + "\n")
     env = prepend_path({"FL_PROBE_TIMEOUT": "1"}, "PYTHONPATH", tmp_path)
     code = "import flagos_torchfl as ft; print(ft.auto_select_backend().reason)"
-    proc = run_python(["-c", code], env=env, timeout=60)
+    proc = run_python(["-c", code], env=env, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert "highest-priority available backend; not available: cuda, rocm, ascend" in proc.stdout
-    proc = run_python(["-c", "import flagos_torchfl as ft; ft.init_backend('ascend')"], env=env, timeout=60)
+    proc = run_python(["-c", "import flagos_torchfl as ft; ft.init_backend('ascend')"], env=env, timeout=300)
     assert proc.returncode == 1 and expected in proc.stderr
 
 
@@ -128,14 +128,17 @@ def test_setting_assignments_never_unpatch_torch_for_other_threads():
     worker = threading.Thread(target=train)
     worker.start()
     try:
-        for i in range(200):
+        i = 0
+        # assignments go on until the worker has trained, however slowly (or failed)
+        while (i < 200 or steps[0] < 3) and not errors and i < 10_000_000:
             ft.memory_pool_clear_interval = 1 + i % 7
             ft.enable_mixed_precision = bool(i % 2)
+            i += 1
     finally:
         stop.set()
         worker.join(30)
     assert errors == [] and steps[0] > 0
-    assert ft.current_backend().settings.memory_pool_clear_interval == 1 + 199 % 7
+    assert ft.current_backend().settings.memory_pool_clear_interval == 1 + (i - 1) % 7
     ft.deactivate()
     assert not torch.cuda.is_available()
 
