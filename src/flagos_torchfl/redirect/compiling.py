@@ -18,6 +18,7 @@ from typing import Any, Iterable, Iterator
 import torch
 
 from .. import compat
+from .cuda_facade import asked_by_torch_accelerator
 from .devices import Target
 from .factories import original_of
 from .patches import Patcher, patch_function
@@ -60,6 +61,29 @@ def patch_compile_fallback(target: Target, patcher: Patcher) -> None:
         return lookup_backend(FALLBACK)(model_, inputs_)
 
     patcher.setattr(wrapper, "__call__", __call__)
+
+
+@patch_function("compile_cudagraph_checks", waits_for="torch._inductor.cudagraph_utils")
+def patch_compile_cudagraph_checks(target: Target, patcher: Patcher) -> None:
+    """``torch.compile(mode="reduce-overhead")``: Inductor's check of CUDA's caching allocator
+    before it graphs a compiled function (``check_caching_allocator_for_cudagraphs``) asks the
+    real ``torch.cuda`` whether CUDA is there, as it does without this package: the facade's
+    True sent it to CUDA's allocator query, which a torch without CUDA lacks (an AttributeError
+    inside every such compilation). Inductor then skips graphs for the chip's tensors with its own
+    reason, as plain torch does for the CPU's ("skipping cudagraphs due to cpu device")."""
+    from torch._inductor import cudagraph_utils
+
+    original = getattr(cudagraph_utils, "check_caching_allocator_for_cudagraphs", None)
+    if original is None:  # a torch before the check asks nothing of torch.cuda there
+        return
+
+    @functools.wraps(original)
+    def check_caching_allocator_for_cudagraphs(*args: Any, **kwargs: Any) -> Any:
+        with asked_by_torch_accelerator:
+            return original(*args, **kwargs)
+
+    patcher.setattr(cudagraph_utils, "check_caching_allocator_for_cudagraphs",
+                    check_caching_allocator_for_cudagraphs)
 
 
 _DESCRIPTORS = (types.MethodDescriptorType, types.WrapperDescriptorType, types.BuiltinFunctionType)
