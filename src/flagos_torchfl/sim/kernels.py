@@ -15,7 +15,9 @@ tensors with the semantics a device kernel has:
 * random overloads draw from the device's own generator, or the sim generator passed to them,
   and advance its offset (see :class:`flagos_torchfl.sim.runtime.SimGenerator`);
 * like a real device, tensors on two sim devices, or a sim tensor with a CPU tensor that is not a
-  0-dim scalar, are refused (except by copies and by indexing with CPU indices).
+  0-dim scalar, are refused (except by copies and by indexing with CPU indices); a CPU tensor
+  the kernel would write (an ``out=`` argument, ``self`` of an in-place overload) is refused
+  whatever its size, as CUDA refuses ``torch.nonzero(cuda_t, out=cpu_t)``.
 
 Allocation, copies between host and devices, ``set_`` and ``resize_`` have kernels of their own
 (:data:`SPECIAL_KERNELS`): they manage sim storages and never run a CPU kernel on them.
@@ -28,6 +30,7 @@ import time
 from typing import Any, Callable, Iterable
 
 import torch
+from torch._prims_common import suggest_memory_format
 
 from . import runtime, tensors
 
@@ -182,6 +185,20 @@ class _Call:
                 f"{runtime.device_name(self.indices[0])} and {self.foreign.device}! (in {self.name})"
             )
 
+    def check_written(self, name: str, value: Any) -> None:
+        """Refuse a tensor on another device as the written argument ``name`` of a call on
+        sim tensors (a 0-dim CPU tensor passes as an input, never as an output)."""
+        if isinstance(value, (list, tuple)):
+            for v in value:
+                self.check_written(name, v)
+            return
+        if (self.indices and isinstance(value, torch.Tensor)
+                and value.device.type != runtime.DEVICE_TYPE):
+            raise RuntimeError(
+                "Expected all tensors to be on the same device, but found at least two devices, "
+                f"{runtime.device_name(self.indices[0])} and {value.device}! (when checking "
+                f"argument for argument {name} in method {self.name})")
+
     def output_index(self) -> int:
         if self.target is not None:
             return self.target
@@ -246,6 +263,8 @@ def _generic_kernel(op: torch._ops.OpOverload) -> Callable:
         cargs = [call.host(a) for a in args]
         ckwargs = {k: call.host(v) for k, v in kwargs.items()}
         call.check_devices(sig.cpu_indices_ok)
+        for name in sig.written:
+            call.check_written(name, sig.get(args, kwargs, name))
         index = call.output_index()
         if sig.generator is not None:
             gen = sig.get(args, kwargs, sig.generator)
@@ -382,6 +401,10 @@ def _resize_(self, size, memory_format=None):
 
 
 def _resize_as_(self, the_template, memory_format=None):
+    """``resize_`` to the template's size; ``preserve_format`` takes the template's memory
+    format (channels-last strides stay channels-last), as the CPU kernel does."""
+    if memory_format is torch.preserve_format:
+        memory_format = suggest_memory_format(the_template)
     return _resize_(self, the_template.size(), memory_format)
 
 

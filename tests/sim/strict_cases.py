@@ -1,0 +1,44 @@
+"""What a device refuses or keeps, checked on the sim against the CPU: imported by the test
+modules of each sim runtime (the cases take their ``sim`` fixture)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+
+def test_a_cpu_out_tensor_is_refused_as_a_device_refuses_it(sim):
+    t = torch.tensor([[0, 1], [1, 1]], device="sim")
+    for out in (torch.empty([], dtype=torch.long), torch.empty([0, 2], dtype=torch.long)):
+        with pytest.raises(RuntimeError, match="Expected all tensors to be on the same device.*out"):
+            torch.nonzero(t, out=out)
+    with pytest.raises(RuntimeError, match="Expected all tensors to be on the same device"):
+        torch.add(t, t, out=torch.empty([], dtype=torch.long))
+    out = torch.empty([], dtype=torch.long, device="sim")
+    torch.nonzero(t, out=out)
+    assert out.cpu().tolist() == [[0, 1], [1, 0], [1, 1]]
+    # a 0-dim CPU tensor stays a scalar the kernel may read
+    assert (t + torch.tensor(1)).cpu().tolist() == [[1, 2], [2, 2]]
+
+
+@pytest.mark.parametrize("memory_format", [torch.channels_last, torch.channels_last_3d])
+def test_resize_as_preserves_the_template_memory_format(sim, memory_format):
+    shape = (2, 3, 4, 5) if memory_format is torch.channels_last else (2, 3, 4, 5, 6)
+    template = torch.randn(shape).to(memory_format=memory_format)
+    for resize_format in (torch.preserve_format, None, torch.contiguous_format):
+        kwargs = {} if resize_format is None else {"memory_format": resize_format}
+        expected = torch.empty(0).resize_as_(template, **kwargs)
+        got = torch.empty(0, device="sim").resize_as_(template.to("sim"), **kwargs)
+        assert got.shape == expected.shape and got.stride() == expected.stride(), resize_format
+
+
+def test_supported_dtypes_are_those_the_device_holds_and_copies(sim):
+    from flagos_torchfl.sim.capability import supported_dtypes
+
+    held = supported_dtypes()
+    assert {torch.float32, torch.bfloat16, torch.complex32, torch.bool, torch.float8_e4m3fn,
+            torch.uint64} <= held
+    assert not held & {torch.int5, torch.uint3, torch.bits8, torch.bits16, torch.quint4x2}
+    for dtype in held:
+        raw = (torch.arange(4 * dtype.itemsize) % 2).to(torch.uint8)
+        back = raw.view(dtype).to("sim").cpu()
+        assert back.dtype == dtype and torch.equal(back.view(torch.uint8), raw), dtype
