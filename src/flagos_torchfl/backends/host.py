@@ -181,7 +181,12 @@ class HostRuntime:
         return True
 
     def synchronize(self, index: Any = None) -> None:
-        """Nothing to wait for: host work is complete when it returns."""
+        """Nothing to wait for: host work is complete when it returns. Refused, as CUDA refuses
+        it, while a graph capture forbids it (``sim/graphs.py``)."""
+        if "graph_api" in vars(self):  # no capture can be underway before the graph API exists
+            from ..sim import graphs
+
+            graphs.check_not_capturing(self.graph_api.runtime)
 
     def ipc_collect(self) -> None:
         """The host has no IPC handles to collect."""
@@ -251,6 +256,37 @@ class HostRuntime:
     def mem_get_info(self, index: Any = None) -> tuple:
         """(MemAvailable, MemTotal) of the host."""
         return host_memory_info()
+
+    # graphs: CUDA's capture and replay, the operators recorded and run again on the host
+    # (``sim/graphs.py``); no graph speed-up is promised, the host runs the same kernels
+    @functools.cached_property
+    def graph_api(self) -> Any:
+        """The host's graph API (built at first use: it imports the graph recorder)."""
+        from ..sim import graphs
+
+        return graphs.GraphAPI(graphs.GraphRuntime("CUDA", "cpu", self, lambda tensor: tensor))
+
+    @property
+    def CUDAGraph(self) -> type:
+        """``torch.cuda.CUDAGraph`` on the host."""
+        return self.graph_api.Graph
+
+    @property
+    def graph(self) -> type:
+        """``torch.cuda.graph`` on the host."""
+        return self.graph_api.graph
+
+    def graph_pool_handle(self) -> tuple:
+        """A token of a new graph memory pool."""
+        return self.graph_api.graph_pool_handle()
+
+    def is_current_stream_capturing(self) -> bool:
+        """Whether a graph capture is underway on the current stream."""
+        return "graph_api" in vars(self) and self.graph_api.is_current_stream_capturing()
+
+    def make_graphed_callables(self, *args: Any, **kwargs: Any) -> Any:
+        """torch's ``make_graphed_callables`` with the host's graphs."""
+        return self.graph_api.make_graphed_callables(*args, **kwargs)
 
     # random numbers: one CPU generator for every logical device
     class _Generators:

@@ -127,10 +127,14 @@ class CudaFacade:
 
     def _mod_or_counterpart(self, name: str) -> Any:
         """The backend module's ``name``, else its counterpart's (``Backend.cuda_counterparts``:
-        ``torch.npu.mstx`` for ``nvtx``); None when it has neither."""
+        ``torch.npu.mstx`` for ``nvtx``), else for a CUDA-named class the module's class named
+        for its device type as the vendors name theirs (``CUDAGraph``: ``torch.sim.SIMGraph``);
+        None when it has none of them."""
         found = self._mod(name)
         if found is None and name in self.t.chip.cuda_counterparts:
             found = self._mod(self.t.chip.cuda_counterparts[name])
+        if found is None and name.startswith("CUDA"):
+            found = self._mod(self.t.device_type.upper() + name[len("CUDA"):])
         return found
 
     def _phys(self, device: Any = None) -> int:
@@ -223,7 +227,7 @@ class CudaFacade:
             "is_bf16_supported": f.is_bf16_supported,
             "is_tf32_supported": f.is_tf32_supported,
             "get_arch_list": f.get_arch_list, "get_gencode_flags": f.get_gencode_flags,
-            "is_current_stream_capturing": lambda: False,
+            "is_current_stream_capturing": f.is_current_stream_capturing,
             "ipc_collect": f.ipc_collect,
             "OutOfMemoryError": compat.out_of_memory_error(),
             "StreamContext": f.stream_context_class(),
@@ -386,6 +390,12 @@ class CudaFacade:
         sync = self._mod("synchronize")
         if sync is not None:
             sync(phys)
+
+    def is_current_stream_capturing(self) -> bool:
+        """Whether a graph capture is underway on the current stream: the backend module's
+        answer (False where it has no graphs)."""
+        check = self._mod("is_current_stream_capturing")
+        return bool(check()) if callable(check) else False
 
     def ipc_collect(self) -> None:
         """The backend's ``ipc_collect`` if any; the host has no IPC handles to collect."""

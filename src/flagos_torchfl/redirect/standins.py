@@ -19,12 +19,6 @@ from ..errors import UnsupportedFeatureError
 from .devices import Target
 
 DENIED_PRIVATE = frozenset({"_record_memory_history", "_dump_snapshot", "_snapshot", "_sleep"})
-#: hints added to the error of some unserved names
-HINTS = {
-    "graph": "CUDA graphs are a CUDA-only feature",
-    "CUDAGraph": "CUDA graphs are a CUDA-only feature",
-    "make_graphed_callables": "CUDA graphs are a CUDA-only feature",
-}
 #: no stand-in in hand for the real object
 _MISSING = object()
 
@@ -36,11 +30,8 @@ def unsupported(name: str, target: Target, where: str = "torch.cuda",
         chip, why = reason
         return UnsupportedFeatureError(f"{where}.{name} is not available on {chip}: {why} "
                                        f"(backend {target.chip_name!r}, device type {target.device_type!r})")
-    hint = HINTS.get(name)
     return UnsupportedFeatureError(
-        f"{where}.{name} is not available on backend {target.chip_name!r} "
-        f"(device type {target.device_type!r}){': ' + hint if hint else ''}"
-    )
+        f"{where}.{name} is not available on backend {target.chip_name!r} (device type {target.device_type!r})")
 
 
 class _UnservedMeta(type):

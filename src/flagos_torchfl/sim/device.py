@@ -15,6 +15,8 @@ them, works.
 from __future__ import annotations
 
 import collections
+import functools
+import sys
 import threading
 from typing import Any, Callable, Iterable
 
@@ -22,7 +24,7 @@ import torch
 
 from ..aten import dispatcher
 from ..inline import InlineEvent, InlineStream
-from . import runtime, tensors
+from . import graphs, runtime, tensors
 
 __all__ = [
     "is_available", "is_initialized", "init", "device_count", "current_device", "set_device", "device",
@@ -35,7 +37,7 @@ __all__ = [
     "empty_cache", "set_per_process_memory_fraction", "get_per_process_memory_fraction",
     "caching_allocator_alloc", "caching_allocator_delete",
     "Stream", "Event", "current_stream", "default_stream", "set_stream", "stream",
-    "StreamContext",
+    "StreamContext", "graph", "graph_pool_handle", "is_current_stream_capturing", "make_graphed_callables",
 ]
 
 #: the dispatch key whose kernels make ``torch.autocast("<sim device>")`` cast
@@ -122,8 +124,10 @@ class device_of(device):
 
 
 def synchronize(device: Any = None) -> None:
-    """Wait for all work on ``device``: returns at once, since sim work runs inline."""
+    """Wait for all work on ``device``: returns at once, since sim work runs inline. Refused
+    while a graph capture forbids it (:func:`.graphs.check_not_capturing`)."""
     _index(device)
+    graphs.check_not_capturing(_graph_api().runtime)
     runtime.begin_use()
 
 
@@ -186,8 +190,12 @@ def listen_for_absent_attributes(listener: Callable[[str], None]) -> None:
 
 def __getattr__(name: str) -> Any:
     """``default_generators``: every device's generator (:class:`runtime.SimGenerator`), by index;
-    ``_initialized``: :func:`is_initialized`. Any other name is told to the listeners of
-    :func:`listen_for_absent_attributes` and stays absent."""
+    ``_initialized``: :func:`is_initialized`; ``<TYPE>Graph`` (``SIMGraph``, ``NPUGraph``...) and
+    ``graph``: the device's graph class and capturing context (:mod:`.graphs`). Any other name
+    is told to the listeners of :func:`listen_for_absent_attributes` and stays absent."""
+    if name == "graph" or name == f"{runtime.DEVICE_TYPE.upper()}Graph":
+        api = _graph_api()
+        return api.graph if name == "graph" else api.Graph
     if name == "default_generators":
         return tuple(runtime.generator(i) for i in range(runtime.device_count()))
     if name == "_initialized":  # torch.utils.checkpoint saves device RNG states only if True
@@ -448,3 +456,28 @@ class StreamContext:
 def stream(stream: Stream | None) -> StreamContext:
     """Context manager selecting ``stream`` (None selects nothing)."""
     return StreamContext(stream)
+
+
+# -- graphs ----------------------------------------------------------------------------------
+@functools.lru_cache(maxsize=None)
+def _graph_api() -> graphs.GraphAPI:
+    """The graph API of the device type the sim was installed as (its name in the graph class
+    and the runtime's messages: ``NPUGraph``, "NPU error: ...")."""
+    name = runtime.DEVICE_TYPE.upper()
+    return graphs.GraphAPI(graphs.GraphRuntime(name, runtime.DEVICE_TYPE, sys.modules[__name__],
+                                               tensors.host_view))
+
+
+def graph_pool_handle() -> tuple:
+    """A token of a new graph memory pool, which the graphs given it share."""
+    return _graph_api().graph_pool_handle()
+
+
+def is_current_stream_capturing() -> bool:
+    """Whether a graph capture is underway on the current stream."""
+    return _graph_api().is_current_stream_capturing()
+
+
+def make_graphed_callables(*args: Any, **kwargs: Any) -> Any:
+    """torch's ``make_graphed_callables`` with the device's graphs (:class:`.graphs.GraphAPI`)."""
+    return _graph_api().make_graphed_callables(*args, **kwargs)
