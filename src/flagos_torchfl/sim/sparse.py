@@ -1,0 +1,89 @@
+"""Sparse tensors on the sim (COO and the compressed layouts), as CUDA has them.
+
+A sparse sim tensor is PyTorch's own sparse tensor whose indices and values are dense sim
+tensors. The sim's memory is host memory, so the CPU's sparse kernels serve it: every overload
+with a kernel on ``SparseCPU`` (``SparseCsrCPU``) gets a ``SparsePrivateUse1``
+(``SparseCsrPrivateUse1``) kernel that calls that CPU kernel on the sim tensors themselves; the
+tensors it makes take their device from the arguments, and the dense operators it calls on the
+indices and values dispatch to the sim. The overloads are read from the dispatcher, not listed.
+A CPU kernel that insists on CPU operands (``addmm``'s "expected 't' to be CPU tensor") runs on
+host copies instead, its result copied back to the device.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+
+from ..aten.dispatcher import overload
+from . import runtime
+
+#: the sim's sparse dispatch keys and the CPU keys whose kernels serve them
+KEYS = {"SparsePrivateUse1": "SparseCPU", "SparseCsrPrivateUse1": "SparseCsrCPU"}
+_NUMBERS = (bool, int, float, complex)
+
+
+def overloads(cpu_key: str) -> list[str]:
+    """The ``aten`` overloads with a kernel of their own on ``cpu_key``, sorted."""
+    return sorted(n for n in torch._C._dispatch_get_all_op_names()
+                  if n.startswith("aten::") and torch._C._dispatch_has_kernel_for_dispatch_key(n, cpu_key))
+
+
+def _to(value: Any, device: torch.device | None) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.to(device) if device is not None else value.cpu()
+    if isinstance(value, (list, tuple)):
+        return type(value)(_to(v, device) for v in value)
+    return value
+
+
+def _device_of(values) -> torch.device | None:
+    for value in values:
+        if isinstance(value, torch.Tensor) and value.device.type == runtime.DEVICE_TYPE:
+            return value.device
+        if isinstance(value, (list, tuple)):
+            found = _device_of(value)
+            if found is not None:
+                return found
+    return None
+
+
+def _is_write(op) -> bool:
+    return any(a.alias_info is not None and a.alias_info.is_write for a in op._schema.arguments)
+
+
+def _kernel(op, cpu_key: str) -> Callable:
+    kernel = torch.library.get_kernel(op, cpu_key)
+    keyset = torch._C.DispatchKeySet(getattr(torch._C.DispatchKey, cpu_key))
+    tensor_params = {i for i, a in enumerate(op._schema.arguments)
+                     if not a.kwarg_only and str(a.type) in ("Tensor", "Optional[Tensor]")}
+    writes = _is_write(op)
+
+    def run(*args, **kwargs):
+        # a wrapped-number argument (``s * 2``) reaches a Python kernel as a number
+        args = tuple(torch.tensor(a) if i in tensor_params and isinstance(a, _NUMBERS) else a
+                     for i, a in enumerate(args))
+        try:
+            return kernel.call_boxed(keyset, *args, **kwargs)
+        except RuntimeError as exc:
+            if writes or "CPU" not in str(exc):
+                raise
+        device = _device_of((*args, *kwargs.values()))
+        result = op(*_to(args, None), **{k: _to(v, None) for k, v in kwargs.items()})
+        return _to(result, device)
+
+    run.__name__ = run.__qualname__ = f"sim_sparse_{op.name().replace('::', '_').replace('.', '_')}"
+    return run
+
+
+def register(library: torch.library.Library) -> int:
+    """Register the sim's sparse kernels through ``library`` (an ``aten`` IMPL library the caller
+    keeps alive); returns how many. Overloads the sim already has a sparse kernel for keep it."""
+    count = 0
+    for key, cpu_key in KEYS.items():
+        for name in overloads(cpu_key):
+            if torch._C._dispatch_has_kernel_for_dispatch_key(name, key):
+                continue
+            library.impl(name[len("aten::"):], _kernel(overload(name), cpu_key), key)
+            count += 1
+    return count
