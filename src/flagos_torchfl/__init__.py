@@ -55,7 +55,7 @@ __all__ = [
 #: public functions imported on first use (importing the package stays cheap): name -> module
 _LAZY = {
     "memory_stats": "memory", "memory_summary": "memory", "memory_pool_defrag": "memory",
-    "set_op_precision": "precision.activation", "check_finite": "precision.activation",
+    "set_op_precision": "precision.apply", "check_finite": "precision.apply",
     "precision_check": "precision.check",
 }
 

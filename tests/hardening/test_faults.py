@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import flagos_torchfl as ft
-from flagos_torchfl.backends import probe as probe_tools
+from flagos_torchfl.backends import bounded_calls as probe_tools
 from tests.helpers import prepend_path, run_python
 
 TOOLS = ("nvidia-smi", "rocm-smi", "npu-smi", "cnmon", "mthreads-gmi", "xpu-smi")

@@ -7,7 +7,7 @@ import sys
 from typing import Any, Callable, Optional
 
 from . import environment as _environment
-from . import probe as _probe
+from . import bounded_calls as _calls
 from . import visible as _visible
 from .probing import Unavailable
 
@@ -38,7 +38,7 @@ def import_plugin(chip: Any) -> None:
     if chip.plugin_module in sys.modules:
         return
     try:
-        chip.load_runtime(_probe.probe_timeout())
+        chip.load_runtime(_calls.probe_timeout())
     except Unavailable as exc:
         from ..errors import BackendUnavailableError
 

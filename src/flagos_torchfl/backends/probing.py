@@ -1,6 +1,6 @@
 """The probe procedure: how one backend is found to run here or not, from the steps its
 :class:`~.base.Backend` answers (the host check, the plugin and runtime, the devices, the
-driver). Every step is bounded (:mod:`.probe`), and nothing raises: a failure is a reason."""
+driver). Every step is bounded (:mod:`.bounded_calls`), and nothing raises: a failure is a reason."""
 from __future__ import annotations
 
 import dataclasses
@@ -12,7 +12,7 @@ from typing import Any, List, Optional, Tuple
 from .. import autoload
 from ..log import get_logger
 from . import memory as _memory
-from . import probe as _probe
+from . import bounded_calls as _calls
 from . import visible as _visible
 
 log = get_logger("backends")
@@ -75,7 +75,7 @@ def run(chip: Any, timeout: Optional[float] = None, count_ops: bool = True, quer
     already) is given."""
     from ..errors import ConfigError
 
-    timeout = _probe.probe_timeout() if timeout is None else timeout
+    timeout = _calls.probe_timeout() if timeout is None else timeout
     result = ProbeResult(backend=chip.name, status="unavailable")
     if driver is None and query_tools:
         driver = chip.query_driver(timeout)
@@ -115,10 +115,10 @@ def query_driver(chip: Any, timeout: float) -> Tuple[Optional[str], Optional[str
     it has no tool or ``chip.driver_present()`` says there is nothing to ask it about."""
     if not chip.query_tool or not chip.driver_present():
         return None, None
-    out, problem = _probe.run_tool(list(chip.query_tool), timeout)
+    out, problem = _calls.run_tool(list(chip.query_tool), timeout)
     if problem:
         return None, problem
-    version = _probe.search_version(chip.driver_pattern, out)
+    version = _calls.search_version(chip.driver_pattern, out)
     if version is None:
         return None, f"could not read a driver version from `{' '.join(chip.query_tool)}` output"
     return version, None
@@ -145,7 +145,7 @@ def load_runtime(chip: Any, timeout: float) -> Any:
         problem = None if plugin in sys.modules else autoload.plugin_problem(plugin)
         if problem:
             raise Unavailable(problem)
-        _, problem = _probe.call_with_timeout(lambda: importlib.import_module(plugin), timeout,
+        _, problem = _calls.call_with_timeout(lambda: importlib.import_module(plugin), timeout,
                                               f"importing {plugin}")
         if problem:
             raise Unavailable(autoload.explain_import(plugin, problem))
@@ -170,7 +170,7 @@ def list_devices(module: Any, device_type: str, timeout: float) -> List[DeviceIn
             devices.append(DeviceInfo(i, str(name), getattr(props, "total_memory", None)))
         return devices
 
-    devices, problem = _probe.call_with_timeout(read, timeout, f"querying torch.{device_type} devices")
+    devices, problem = _calls.call_with_timeout(read, timeout, f"querying torch.{device_type} devices")
     if problem:
         raise Unavailable(problem)
     if not devices:

@@ -7,7 +7,7 @@ from typing import Optional
 
 from .. import autoload, compat
 from ..backends import registry
-from ..backends.probe import probe_timeout, query_drivers
+from ..backends.bounded_calls import probe_timeout, query_drivers
 from ..config import format_bytes
 from ..routing.plan import category_summary
 from ..selection import would_pick

@@ -12,7 +12,7 @@ from .check import PrecisionRow, precision_check, render
 from .finite_guard import FiniteGuard, NonFiniteError, check_finite, check_finite_from_env
 from .op_precision import force_float32, fp32_ops_from_env, operators_for, parse_fp32_ops, set_op_precision
 from ._dispatch import autocast_key
-from .activation import activate
+from .apply import activate
 
 __all__ = [
     "register_autocast_rules", "Registration", "listed_ops", "cuda_lists", "autocast_casts",

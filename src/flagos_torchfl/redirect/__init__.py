@@ -32,7 +32,7 @@ __all__ = [
 #: patches are applied after those of the families before it
 FAMILIES = (
     "devices", "factories", "tensor_module", "cuda_api", "amp", "compiling", "profiler", "distributed",
-    "clean_exit", "serialization", "accelerator", "accelerate_device", "deepspeed_accelerator", "cuda_key",
+    "clean_exit", "serialization", "accelerator", "hf_accelerate", "deepspeed_accelerator", "cuda_key",
     "data_parallel", "attention",
 )
 for _family in FAMILIES:

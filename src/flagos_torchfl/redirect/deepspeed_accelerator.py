@@ -37,8 +37,8 @@ def patch_deepspeed_accelerator(target: Target, patcher: Patcher) -> None:
 
 def make_accelerator(target: Target) -> Any:
     """A DeepSpeed accelerator answering every device question for ``target``
-    (:class:`~.deepspeed_backend.BackendAccelerator`; its module imports DeepSpeed, so it is
+    (:class:`~.deepspeed_accelerator_class.BackendAccelerator`; its module imports DeepSpeed, so it is
     imported only once DeepSpeed's accelerator package has been)."""
-    from .deepspeed_backend import BackendAccelerator
+    from .deepspeed_accelerator_class import BackendAccelerator
 
     return BackendAccelerator(target, active_facade())
