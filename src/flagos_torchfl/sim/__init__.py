@@ -1,4 +1,5 @@
-"""``sim``: a simulated accelerator on PyTorch's PrivateUse1 dispatch key, in pure Python.
+"""``sim``: a simulated accelerator on PyTorch's PrivateUse1 dispatch key: its runtime (Python, with a
+small C++ part built at first use: :mod:`.native`), its operators and its integration with torch.
 
 After :func:`install`, ``torch.device("sim")`` is a device like any other: tensors live in memory
 of their own (host memory managed by a per-device caching allocator, never shared with CPU
