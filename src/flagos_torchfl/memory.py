@@ -15,6 +15,7 @@ from . import active, optimizer_steps, variables
 from .backends.memory import NotApplied
 from .config import format_bytes
 from .log import get_logger
+from .selection_view import SelectionView
 
 log = get_logger("memory")
 
@@ -69,7 +70,7 @@ def _active():
     return selection
 
 
-def _logical(selection, device: Any) -> int:
+def _logical(selection: SelectionView, device: Any) -> int:
     """The logical index ``device`` names: None (the current device), an int, ``"cuda:N"``,
     ``"<device type>:N"`` or a ``torch.device``; ValueError for another."""
     if device is None:
@@ -91,7 +92,7 @@ def _logical(selection, device: Any) -> int:
     return index
 
 
-def _stats(selection, logical: int) -> MemoryStats:
+def _stats(selection: SelectionView, logical: int) -> MemoryStats:
     figures = selection.chip.memory_figures(selection.devices[logical])
     return MemoryStats(selection.backend, logical, figures.measures, figures.allocated,
                        figures.reserved, figures.peak, figures.cached,
@@ -148,7 +149,7 @@ def clear_every(interval: int, release: Callable[[], None]) -> Callable[[], None
     return optimizer_steps.after_each_step(hook)
 
 
-def activate(selection) -> Optional[Callable[[], None]]:
+def activate(selection: SelectionView) -> Optional[Callable[[], None]]:
     """Activation step: apply ``memory_virtual_limit`` through the chip's mechanism (a warning
     says why where it cannot) and ``memory_pool_clear_interval``; say where
     ``FL_EXPANDABLE_SEGMENTS=1`` has no allocator to act on. Returns the undo."""
@@ -177,7 +178,7 @@ def activate(selection) -> Optional[Callable[[], None]]:
     return undo_all
 
 
-def oom_advice(selection, stats: MemoryStats) -> str:
+def oom_advice(selection: SelectionView, stats: MemoryStats) -> str:
     """The pool figures of ``stats`` and what to change, for an out-of-memory error."""
     settings, chip = selection.settings, selection.chip
     figures = (f"backend {selection.backend}, cuda:{stats.device} ({stats.measures}): "

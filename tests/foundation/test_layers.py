@@ -9,7 +9,7 @@ import pytest
 from tests.helpers import ROOT
 
 SRC = ROOT / "src" / "flagos_torchfl"
-#: package -> the packages of flagos_torchfl it may import (besides errors, log, variables, config, compat, data_files,
+#: package -> the packages of flagos_torchfl it may import (besides errors, log, variables, config, compat, data_files, selection_view,
 #: autoload, atomic_file, inline, optimizer_steps)
 ALLOWED = {
     "aten": set(),
@@ -21,7 +21,7 @@ ALLOWED = {
     "surface": {"backends", "sim"},
 }
 BASE = {"errors", "log", "variables", "config", "compat", "autoload", "atomic_file", "inline", "optimizer_steps",
-        "data_files"}
+        "data_files", "selection_view"}
 
 
 def imported_packages(path):
@@ -49,7 +49,7 @@ def test_imports_point_down(package):
 #: every module and package of flagos_torchfl, by layer, lowest first: each may import the base
 #: modules and what lies in a lower layer, nothing beside or above it (docs/design.md, "Layers")
 LAYERS = (
-    ("base", {"errors", "autoload", "compat", "entry_points", "inline", "optimizer_steps", "version", "data_files",
+    ("base", {"errors", "autoload", "compat", "entry_points", "inline", "optimizer_steps", "version", "data_files", "selection_view",
               "active", "config", "log", "variables", "atomic_file", "checkpoint_files"}),
     ("operators", {"aten"}),
     ("simulated device", {"sim"}),

@@ -10,9 +10,10 @@ from . import environment as _environment
 from . import bounded_calls as _calls
 from . import visible as _visible
 from .probing import Unavailable
+from ..selection_view import SelectionView
 
 
-def activate(chip: Any, selection: Any) -> Optional[Callable[[], None]]:
+def activate(chip: Any, selection: SelectionView) -> Optional[Callable[[], None]]:
     """Prepare ``chip``'s runtime for ``selection``; return an undo callable or None. Warns once
     when the vendor plugin's version is outside the tested ones."""
     # the chip's variables (device mask, NVIDIA's counterparts) before its runtime reads them

@@ -17,6 +17,7 @@ from . import environment as _environment
 from . import memory as _memory
 from . import probing as _probing
 from .probing import DeviceInfo, ProbeResult, Unavailable
+from ..selection_view import SelectionView
 
 __all__ = ["Backend", "DeviceInfo", "KubernetesDevices", "ProbeResult", "Unavailable"]
 
@@ -214,7 +215,7 @@ class Backend:
         return device_modules.load(self.name)
 
     # ----------------------------------------------------------------- memory
-    def apply_memory_limit(self, selection) -> Optional[Callable[[], None]]:
+    def apply_memory_limit(self, selection: SelectionView) -> Optional[Callable[[], None]]:
         """Cap each selected device's pool at ``memory_virtual_limit`` (resolved against the
         device's memory); returns the undo. Default: the device module's
         ``set_per_process_memory_fraction(fraction, index)`` (torch.cuda, torch.xpu, torch_npu,
@@ -270,7 +271,7 @@ class Backend:
         return None
 
     # ----------------------------------------------------------------- use
-    def start(self, selection) -> Optional[Any]:
+    def start(self, selection: SelectionView) -> Optional[Any]:
         """What the chip's runtime needs before use (override); returns an undo or None. Called
         by :func:`.activation.activate` once the chip's variables are set and its plugin is
         imported."""

@@ -24,6 +24,7 @@ from ..log import get_logger
 from .base import Backend, DeviceInfo
 from .host import HostRuntime, cpu_name, host_memory, process_memory
 from .memory import NotApplied, PoolFigures
+from ..selection_view import SelectionView
 
 log = get_logger("backends")
 #: what the cpu backend's memory figures measure
@@ -92,7 +93,7 @@ class CpuBackend(Backend):
         ``set_gradient_divide_factor`` (torchtitan sets it) reduce-scatters with it."""
         return True
 
-    def apply_memory_limit(self, selection):
+    def apply_memory_limit(self, selection: SelectionView):
         """A checked limit: after every optimizer step (:mod:`..optimizer_steps`)
         the process's resident memory is compared with the limit and ``torch.OutOfMemoryError``
         raised past it. Warns once per activation that allocations themselves are not capped."""

@@ -7,6 +7,7 @@ import sys
 
 from .base import Backend, DeviceInfo, Unavailable
 from .memory import DEVICE_POOL, NotApplied, PoolFigures
+from ..selection_view import SelectionView
 
 
 class MpsBackend(Backend):
@@ -40,7 +41,7 @@ class MpsBackend(Backend):
     def list_devices(self, module, timeout):
         return [DeviceInfo(0, f"Apple {platform.machine()} GPU", module.recommended_max_memory())]
 
-    def apply_memory_limit(self, selection):
+    def apply_memory_limit(self, selection: SelectionView):
         """``torch.mps.set_per_process_memory_fraction(limit / recommended_max_memory)`` (one
         device; at most 2.0, MPS's own bound); the undo puts MPS's default ratio back
         (``PYTORCH_MPS_HIGH_WATERMARK_RATIO``, else 1.7)."""

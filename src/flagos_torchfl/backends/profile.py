@@ -34,6 +34,7 @@ from . import visible as _visible
 from .base import Backend, DeviceInfo, ProbeResult
 from .cpu import logical_device_count
 from .sim import SimBackend
+from ..selection_view import SelectionView
 
 
 #: operators that only allocate or fill memory: a chip without float64 arithmetic still holds
@@ -140,7 +141,7 @@ class ProfileBackend(SimBackend):
         """The model's: its plugin's ``is_bf16_supported()`` on it."""
         return self.model.bfloat16
 
-    def start(self, selection):
+    def start(self, selection: SelectionView):
         if self.rename_problem:
             from ..log import get_logger
 

@@ -16,6 +16,7 @@ from .. import variables
 from ..errors import BackendUnavailableError, ConfigError, PrivateUse1ClaimedError
 from .base import Backend, DeviceInfo, ProbeResult
 from .cpu import logical_device_count
+from ..selection_view import SelectionView
 
 NOMINAL_MEMORY = 16 << 30
 
@@ -131,12 +132,12 @@ class SimBackend(Backend):
         configured = options.get("native_ops")
         return sim.default_native_ops() if configured is None else configured | runtime_primitive_names()
 
-    def apply_memory_limit(self, selection):
+    def apply_memory_limit(self, selection: SelectionView):
         """Nothing more to do: :meth:`start` installs the sim with the limit, which its
         allocator enforces on every allocation (``torch.OutOfMemoryError`` past it)."""
         return None
 
-    def start(self, selection):
+    def start(self, selection: SelectionView):
         """Install the sim for ``selection``: its device count, memory limit and native set.
         Raises a clear error on a torch older than the sim needs or when another backend holds
         PrivateUse1."""

@@ -31,6 +31,7 @@ from .auto_mixed import enable_mixed_precision
 from .autocast_rules import autocast_casts, register_autocast_rules
 from .finite_guard import check_finite as _check_finite
 from .op_precision import force_float32, set_op_precision as _set_op_precision
+from ..selection_view import SelectionView
 
 log = get_logger("precision")
 _lock = threading.RLock()
@@ -55,7 +56,7 @@ def route_of(op_name: str) -> str:
     return "native"
 
 
-def _mixed_precision(selection) -> Optional[Callable[[], None]]:
+def _mixed_precision(selection: SelectionView) -> Optional[Callable[[], None]]:
     chip = selection.chip
     dtype = getattr(torch, chip.low_precision_dtype)
     supports_bf16 = getattr(chip.device_module(), "is_bf16_supported", None)
@@ -69,7 +70,7 @@ def _mixed_precision(selection) -> Optional[Callable[[], None]]:
     return enable_mixed_precision(chip.device_type, dtype)
 
 
-def activate(selection) -> Optional[Callable[[], None]]:
+def activate(selection: SelectionView) -> Optional[Callable[[], None]]:
     """Activation step (see the module docstring); returns the undo of all of it."""
     global _device_type
     chip = selection.chip

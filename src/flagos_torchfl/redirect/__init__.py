@@ -22,6 +22,7 @@ from . import factories
 from .devices import DeviceOrdinalError, Target
 from .patches import REGISTRY, Patch, Patcher
 from .shims import find_shim, refuse_if_shimmed
+from ..selection_view import SelectionView
 
 __all__ = [
     "activate", "apply", "active_patches", "waiting_patches", "patches_for", "DeviceOrdinalError", "Target",
@@ -58,7 +59,7 @@ def active_patches() -> List[str]:
         return list(_active[2]) if _active else []
 
 
-def activate(selection: Any) -> Callable[[], None]:
+def activate(selection: SelectionView) -> Callable[[], None]:
     """Activation step: redirect CUDA entry points to ``selection``'s backend; returns the undo.
 
     Idempotent and thread-safe: activating again for the same backend and devices changes

@@ -23,6 +23,7 @@ import torch
 
 from ..errors import DeviceOrdinalError
 from .patches import patch_function
+from ..selection_view import SelectionView
 
 
 _LOW_PRECISION = {"bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -93,7 +94,7 @@ class Target:
         return self.low_precision_dtype == torch.bfloat16
 
     @classmethod
-    def from_selection(cls, selection: Any) -> "Target":
+    def from_selection(cls, selection: SelectionView) -> "Target":
         """The target of a :class:`~flagos_torchfl.selection.Selection`."""
         names, memory = [], []
         probe = getattr(selection, "probe", None)
