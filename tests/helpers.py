@@ -7,8 +7,27 @@ import sys
 from pathlib import Path
 from typing import Mapping, Optional
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 CLEAN_PREFIXES = ("FL_", "CUDA_VISIBLE_DEVICES", "LOCAL_WORLD_SIZE", "ASCEND_RT_VISIBLE_DEVICES")
+
+
+@pytest.fixture
+def no_activation(monkeypatch):
+    """The test starts and ends with nothing active, no assigned setting and no ``FL_*`` or
+    device-mask variable from the caller's environment (a module takes it with
+    ``pytestmark = pytest.mark.usefixtures("no_activation")`` and imports it from here)."""
+    import flagos_torchfl as ft
+    from flagos_torchfl import api
+
+    for name in list(os.environ):
+        if name.startswith(CLEAN_PREFIXES) or "VISIBLE_DEVICES" in name:
+            monkeypatch.delenv(name)
+    ft.deactivate()
+    yield
+    ft.deactivate()
+    api._assigned.clear()
 
 
 def clean_env(extra: Optional[Mapping[str, str]] = None) -> dict:

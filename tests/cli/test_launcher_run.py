@@ -2,7 +2,7 @@
 exit codes, tracebacks, usage errors and the precedence of ``--backend``."""
 import sys
 
-from tests.launcher.launching import REPORT_FUNCTION, launch, state, write
+from tests.cli.launching import REPORT_FUNCTION, launch, state, write
 
 # The first line looks at the package without importing it: it must already be active.
 PROBE = REPORT_FUNCTION + '''

@@ -11,7 +11,9 @@ import pytest
 
 import flagos_torchfl as ft
 from flagos_torchfl.backends import visible
-from tests.helpers import ROOT, clean_env, prepend_path, run_python
+from tests.helpers import ROOT, clean_env, no_activation, prepend_path, run_python  # noqa: F401
+
+pytestmark = pytest.mark.usefixtures("no_activation")
 
 CHILD = textwrap.dedent("""
     import json, sys, torch, flagos_torchfl as ft

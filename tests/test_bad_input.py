@@ -9,7 +9,9 @@ import flagos_torchfl as ft
 from flagos_torchfl import config
 from flagos_torchfl.cli import env as env_cli
 from flagos_torchfl.errors import ConfigError
-from tests.helpers import run_python
+from tests.helpers import no_activation, run_python  # noqa: F401
+
+pytestmark = pytest.mark.usefixtures("no_activation")
 
 
 def assert_untouched():

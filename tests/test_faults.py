@@ -11,7 +11,9 @@ import torch
 
 import flagos_torchfl as ft
 from flagos_torchfl.backends import bounded_calls as probe_tools
-from tests.helpers import prepend_path, run_python
+from tests.helpers import no_activation, prepend_path, run_python  # noqa: F401
+
+pytestmark = pytest.mark.usefixtures("no_activation")
 
 TOOLS = ("nvidia-smi", "rocm-smi", "npu-smi", "cnmon", "mthreads-gmi", "xpu-smi")
 

@@ -67,7 +67,7 @@ LAYERS = (
 
 def _units() -> dict:
     """Each top-level module or package of flagos_torchfl -> the ones it imports."""
-    from tests.foundation.test_import_graph import imported, modules
+    from tests.test_import_graph import imported, modules
 
     known = modules()
 

@@ -6,7 +6,7 @@ import pytest
 
 from tests.helpers import ROOT
 
-from tests.launcher.launching import REPORT_FUNCTION, launch, state, states, write
+from tests.cli.launching import REPORT_FUNCTION, launch, state, states, write
 
 FAMILY = REPORT_FUNCTION + '''
 import multiprocessing, os, subprocess, sys

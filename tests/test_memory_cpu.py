@@ -150,7 +150,7 @@ def test_memory_calls_need_an_active_backend_and_a_valid_device():
 
 @pytest.mark.full
 def test_launcher_adds_the_host_figures_and_advice_to_the_cpu_limits_error(tmp_path):
-    from tests.launcher.launching import launch, write
+    from tests.cli.launching import launch, write
 
     write(tmp_path, "step.py", '''
         import torch
@@ -170,7 +170,7 @@ def test_launcher_adds_the_host_figures_and_advice_to_the_cpu_limits_error(tmp_p
 @pytest.mark.full
 @pytest.mark.needs_sim
 def test_launcher_adds_the_pool_figures_and_advice_to_an_out_of_memory_error(tmp_path):
-    from tests.launcher.launching import launch, write
+    from tests.cli.launching import launch, write
 
     write(tmp_path, "hog.py", '''
         import torch
