@@ -34,14 +34,13 @@ FULL_ONLY = {
     "realclients": "third-party programs (transformers, accelerate, Lightning, peft, DeepSpeed ...)",
     "corpus": "CUDA-written scripts, each run plainly and under the launcher",
     "conformance": "PyTorch's OpInfo samples through every route",
-    "vendor": "the real vendor wheels, installed into folders of their own",
+    "e2e": "real programs and libraries run whole (tests/e2e)",
+    "backends/test_device_modules.py": "the real vendor wheels, installed into folders of their own",
     "cli/test_launcher_run.py": "programs under the launcher",
     "cli/test_launcher_children.py": "the launcher's child processes",
     "k8s/test_k8s_replay.py": "pods replayed as torchrun jobs",
     "k8s/test_k8s_labels.py": "the labelling command as a program",
-    "profiles/test_profile_models.py": "transformers models under the launcher",
-    "profiles/test_fallback_budget.py": "programs under the launcher",
-    "profiles/test_profile_queries.py": "a fresh interpreter per profile",
+    "backends/test_profile_queries.py": "a fresh interpreter per profile",
     "routing/test_ops_cli.py": "the ops command as a program",
     "routing/test_real_models.py": "transformers models on every route",
     "test_inherit.py": "children of activated programs",
@@ -64,8 +63,12 @@ FULL_ONLY = {
 TIER = "FL_TEST_TIER"
 
 
-#: test folders that need the sim device throughout (its own floor: compat.SIM_MIN_TORCH)
-SIM_SUITES = ("sim", "profiles", "conformance")
+#: what needs the sim device throughout (paths under tests/, a folder or a module; its own floor:
+#: compat.SIM_MIN_TORCH)
+SIM_SUITES = ("sim", "conformance", "backends/test_op_tables.py", "backends/test_profiles.py",
+              "backends/test_profile_ascend.py", "backends/test_profile_ascend_910a.py",
+              "backends/test_profile_queries.py", "backends/test_profile_rename_refused.py",
+              "e2e/test_profile_models.py", "e2e/test_fallback_budget.py")
 
 
 def pytest_addoption(parser):
@@ -96,8 +99,7 @@ def _torch_feature_skips(items) -> None:
 
     for item in items:
         names = [m.args[0] for m in item.iter_markers("torch_feature")]
-        rel = Path(str(item.fspath)).resolve().relative_to(ROOT / "tests").parts
-        if item.get_closest_marker("needs_sim") is not None or (rel and rel[0] in SIM_SUITES):
+        if item.get_closest_marker("needs_sim") is not None or _under(item, SIM_SUITES):
             names.append("python_privateuse1_backend")
         missing = [n for n in names if not compat.has(n)]
         if missing:
@@ -174,10 +176,14 @@ def pytest_runtest_call(item):
         pytest.fail(f"[isolated child] {outcome}:\n{detail}", pytrace=False)
 
 
-def _full_only(item) -> bool:
+def _under(item, paths) -> bool:
+    """Whether ``item``'s module is one of ``paths`` (under tests/) or in one of those folders."""
     rel = Path(str(item.fspath)).resolve().relative_to(ROOT / "tests").as_posix()
-    return item.get_closest_marker("full") is not None or any(
-        rel == path or rel.startswith(path + "/") for path in FULL_ONLY)
+    return any(rel == path or rel.startswith(path + "/") for path in paths)
+
+
+def _full_only(item) -> bool:
+    return item.get_closest_marker("full") is not None or _under(item, FULL_ONLY)
 
 
 def _named(config) -> list:

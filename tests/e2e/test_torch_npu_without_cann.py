@@ -1,7 +1,7 @@
 """The real Ascend plugin, torch-npu 2.13.0 from the package index, on a machine without the CANN
 toolkit: torch's auto-load of it fails, and the package's command line, launcher and launched
 children say why instead of crashing. The 2.14.0 wheel (which pins torch 2.14.0) is the
-version-mismatch case. The wheels are installed into side folders (tests/vendor/wheels.py)."""
+version-mismatch case. The wheels are installed into side folders (tests/wheels.py)."""
 from __future__ import annotations
 
 import json
@@ -13,7 +13,7 @@ import torch
 
 from flagos_torchfl.compat import parse_version
 from tests.helpers import ROOT, prepend_path, run_python
-from tests.vendor.wheels import site
+from tests.wheels import site
 
 TRAIN = str(ROOT / "examples" / "train_cuda.py")
 TORCH = torch.__version__.split("+")[0]

@@ -16,7 +16,7 @@ import torch
 
 from flagos_torchfl.backends import device_modules, registry
 from tests.helpers import ROOT, prepend_path, run_python
-from tests.vendor.wheels import read_member, wheel
+from tests.wheels import read_member, wheel
 
 TOOL = ROOT / "tools" / "device_modules.py"
 DATA = ROOT / "src" / "flagos_torchfl" / "data" / "device_modules"

@@ -9,7 +9,7 @@ import pytest
 
 from tests.helpers import run_python
 
-SCRIPT = str(Path(__file__).resolve().parent / "scripts" / "float64_loss.py")
+SCRIPT = str(Path(__file__).resolve().parent / "clients" / "float64_loss.py")
 EXCEEDED = 3
 
 

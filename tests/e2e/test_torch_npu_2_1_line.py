@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from tests.helpers import prepend_path, run_python
-from tests.vendor.wheels import site
+from tests.wheels import site
 
 WHEEL = "2.1.0.post17"
 TORCH = torch.__version__.split("+")[0]
