@@ -5,7 +5,10 @@ profile...) and for the host under the cpu backend.
 **Capture.** Between ``capture_begin`` and ``capture_end`` a ``TorchDispatchMode`` records every
 operator call that touches a tensor of the graph's device, at the dispatcher's level (below
 autograd, above the device's kernels, whatever implements them). The calls also run, so the
-captured tensors hold values at once (a CUDA capture runs nothing until the first replay). Calls
+tensors the capture makes hold values at once (a CUDA capture runs nothing until the first
+replay); the memory that existed before the capture and that a call wrote is saved before that
+write and put back at ``capture_end``, so the capture changes nothing the program had, as on CUDA
+(a captured ``optimizer.step()`` updates the parameters at each replay, not at the capture). Calls
 on other devices only run, as on CUDA. The graph keeps every tensor the recorded calls read or
 wrote: its memory is the graph's own until :meth:`DeviceGraph.reset`, and a replay writes to the
 same memory the capture did, where the program's static inputs and outputs are.
@@ -109,6 +112,9 @@ class _Recorder(TorchDispatchMode):
         super().__init__()
         self.capture = capture
         self.calls: List[Tuple[Any, tuple, dict, Any]] = []
+        #: storages the capture made (by address), and the saved bytes of those it wrote but did not make
+        self.made: set = set()
+        self.saved: dict = {}
 
     def __torch_dispatch__(self, func, types_, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -118,10 +124,34 @@ class _Recorder(TorchDispatchMode):
         if on_device and self._forbidden(func, args, kwargs, runtime):
             self.capture.failed = True
             raise runtime.refusal()
+        mutates = _mutates(func)
+        if mutates:
+            self._save_written(func, args, kwargs, runtime)
         out = func(*args, **kwargs)
         if on_device or any(x.device.type == runtime.device_type for x in _tensors(out)):
             self.calls.append((func, args, kwargs, out))
+            if not mutates and not _is_view(func):
+                self.made.update(_address(x) for x in _tensors(out))
         return out
+
+    def _save_written(self, func, args, kwargs, runtime: GraphRuntime) -> None:
+        """Save the bytes of every storage of the device that ``func`` writes and the capture
+        did not make (before the first write only)."""
+        bound = dict(zip((a.name for a in func._schema.arguments), args), **kwargs)
+        for argument in func._schema.arguments:
+            if argument.alias_info is None or not argument.alias_info.is_write:
+                continue
+            for tensor in _tensors(bound.get(argument.name)):
+                key = _address(tensor)
+                if tensor.device.type == runtime.device_type and key not in self.made and key not in self.saved:
+                    whole = _whole_storage(tensor)
+                    self.saved[key] = (whole, whole.clone())
+
+    def restore(self) -> None:
+        """Put back the bytes :meth:`_save_written` saved."""
+        for whole, copy in self.saved.values():
+            whole.copy_(copy)
+        self.saved.clear()
 
     @staticmethod
     def _forbidden(func, args, kwargs, runtime: GraphRuntime) -> bool:
@@ -136,6 +166,16 @@ class _Recorder(TorchDispatchMode):
         if func.overloadpacket is torch.ops.aten.copy_:
             return args[0].device.type == "cpu"
         return False
+
+
+def _address(tensor: torch.Tensor) -> int:
+    return tensor.untyped_storage().data_ptr()
+
+
+def _whole_storage(tensor: torch.Tensor) -> torch.Tensor:
+    """A byte tensor over all of ``tensor``'s storage."""
+    storage = tensor.untyped_storage()
+    return torch.empty(0, dtype=torch.uint8, device=tensor.device).set_(storage, 0, (storage.nbytes(),))
 
 
 def _tensors(value: Any) -> List[torch.Tensor]:
@@ -220,6 +260,8 @@ class DeviceGraph:
         with _captures_lock:
             _captures.remove(capture)
         self._capture = self._recorder = None
+        with torch.no_grad():
+            recorder.restore()
         if capture.failed:
             raise _accelerator_error(f"{self.runtime.name} error: operation failed due to a previous error "
                                      "during capture")
