@@ -14,7 +14,7 @@ from typing import Callable, Iterable
 
 import torch
 
-from ..aten.dispatcher import has_computed_kernel, has_kernel, is_implicit, overload, overloads_by_packet
+from ..aten.dispatcher import all_aten, has_computed_kernel, has_kernel, is_implicit, overload, overloads_by_packet
 from ..errors import ConfigError, closest
 from .kernels import HOST_EQUIVALENTS, SPECIAL_KERNELS
 
@@ -118,6 +118,20 @@ def _core_overloads() -> set[str]:
         if tagged:
             names.update(overloads)
     return names
+
+
+@functools.lru_cache(maxsize=1)
+def device_kernel_ops() -> frozenset[str]:
+    """A CUDA-like native set, wider than :func:`default_native_ops`: the default set plus the
+    overloads a device runtime implements as kernels of its own, as CUDA does: those with a CPU
+    kernel of their own (not a composite that serves every backend: ``lerp``, ``addcmul``,
+    ``gelu_backward``, the losses), and the multi-tensor (``_foreach_*``) and fused optimizer
+    (``_fused_*``) kernels that optimizers run on an accelerator; only the overloads
+    :func:`can_run_natively` accepts. (``FL_SIM_NATIVE_OPS`` can name them, e.g. a file that
+    lists them.)"""
+    names = {n for n in all_aten()
+             if has_kernel(n, "CPU") or n.startswith(("aten::_foreach_", "aten::_fused_adam", "aten::_fused_sgd"))}
+    return default_native_ops() | frozenset(n for n in names if can_run_natively(n))
 
 
 @functools.lru_cache(maxsize=1)

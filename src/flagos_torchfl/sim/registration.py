@@ -12,7 +12,7 @@ import torch
 import torch.serialization
 
 from .. import compat
-from ..aten.dispatcher import has_backend_fallback
+from ..aten.dispatcher import has_backend_fallback, overload
 from ..errors import BackendUnavailableError, PrivateUse1ClaimedError
 from . import device as device_module
 from . import inductor, kernels, runtime, tensors, torch_patches
@@ -82,6 +82,37 @@ def _register_native(native_runtime: native_module.NativeRuntime, num_devices: i
         raise PrivateUse1ClaimedError(str(exc)) from exc
     runtime.use_native(native_runtime)
     device_module.use_native_streams()
+    try:
+        native_runtime.install_memory(tensors.native_allocate, tensors.native_free, tensors.native_service)
+    except native_module.NativeUnavailable as exc:
+        raise BackendUnavailableError(runtime.DEVICE_TYPE, f"the sim's native runtime cannot hold its memory: {exc}") from exc
+
+
+NATIVE_RUNTIME_KERNELS = frozenset({
+    "aten::empty.memory_format", "aten::empty_strided", "aten::copy_", "aten::_copy_from",
+})
+"""Runtime primitives the native runtime implements in C++ (the rest of
+:data:`~.kernels.SPECIAL_KERNELS` stay Python's: ``set_``, ``resize_`` and their kin)."""
+
+
+def native_route(names: Iterable[str]) -> frozenset[str]:
+    """The overloads of ``names`` that the native runtime's C++ kernel serves: all but the
+    runtime's Python primitives, the ``*_overrideable`` stubs (which run another operator) and
+    random operators (which draw from the device's generator, a Python object)."""
+    chosen = set()
+    for name in names:
+        if name in kernels.SPECIAL_KERNELS:
+            if name in NATIVE_RUNTIME_KERNELS:
+                chosen.add(name)
+            continue
+        if name in kernels.HOST_EQUIVALENTS:
+            continue
+        op = overload(name)
+        if torch.Tag.nondeterministic_seeded in op.tags or any(
+                str(a.type) == "Optional[Generator]" for a in op._schema.arguments):
+            continue
+        chosen.add(name)
+    return frozenset(chosen)
 
 
 def _register_python_guard() -> None:
@@ -187,7 +218,10 @@ def claim(num_devices: int, memory_limit: int | None, native: Iterable[str],
     else:
         _register_python_guard()
     library = torch.library.Library("aten", "IMPL")
-    kernels.register(library, native)
+    in_cpp = native_route(native) if native_runtime is not None else frozenset()
+    kernels.register(library, frozenset(native) - in_cpp)
+    if in_cpp:
+        native_runtime.register_kernels(in_cpp)
     _declare_shallow_copy_compatible(library)
     _ask_attention_choice(library)
     _keep_alive.extend([library, _autocast_fallthrough()])

@@ -15,6 +15,10 @@ autograd and sim keys, then pointing the alias at the storage with the CPU kerne
 ``aten::set_`` (the Meta kernel refuses storages that cannot grow, and sim storages cannot; the
 CPU kernel only touches metadata, and the geometry is checked against the storage here first).
 
+With the native runtime, sim storages are the C++ runtime's: their blocks come from the same
+allocators (:func:`native_allocate`, :func:`native_free`, :func:`native_service` are its way
+into them), and a storage owns its block through its C++ deleter instead of a ``_Memory`` record.
+
 A *host view* is a CPU tensor over the same bytes with the same size, stride, offset and dtype;
 the sim's kernels run PyTorch's CPU kernels on host views. A host view keeps the sim storage
 alive; it stops seeing the tensor's bytes if the sim storage is later grown by ``resize_``.
@@ -65,9 +69,42 @@ def report_memory(ptr: int, delta: int, alloc: CachingAllocator) -> None:
         native.report_memory(ptr, delta, alloc.allocated, alloc.reserved, alloc.device_index)
 
 
+def native_allocate(index: int, nbytes: int) -> tuple:
+    """The native runtime's allocation: ``(address, block)`` of a new block of ``nbytes`` bytes
+    on device ``index`` (``(0, None)`` for 0 bytes); the devices' first use."""
+    runtime.begin_use()
+    alloc = runtime.allocator(index)
+    block = alloc.allocate(nbytes)
+    if block is None:
+        return 0, None
+    report_memory(block.ptr, block.size, alloc)
+    return block.ptr, block
+
+
+def native_free(index: int, block: Block) -> None:
+    """The native runtime's release of ``block`` (from :func:`native_allocate`)."""
+    alloc = runtime.allocator(index)
+    alloc.free(block)
+    report_memory(block.ptr, -block.size, alloc)
+
+
+def native_service(what: str, index: int) -> object:
+    """The native runtime's rarer questions about device ``index``'s allocator (-1: all):
+    ``"stats"``, ``"empty_cache"``, ``"reset_peak"``, ``"reset_accumulated"``."""
+    if what == "stats":
+        return dict(runtime.allocator(runtime.to_index(None) if index < 0 else index).stats())
+    targets = runtime.allocators() if index < 0 else [runtime.allocator(index)]
+    for alloc in targets:
+        getattr(alloc, what)()
+    return None
+
+
 def new_storage(nbytes: int, index: int) -> torch.UntypedStorage:
     """A fresh sim storage of ``nbytes`` bytes on device ``index`` (contents undefined); the
     devices' first use (:func:`runtime.begin_use`)."""
+    if runtime.native() is not None:
+        runtime.check_index(index)
+        return _EMPTY([nbytes], dtype=torch.uint8, device=torch.device(runtime.DEVICE_TYPE, index)).untyped_storage()
     runtime.begin_use()
     alloc = runtime.allocator(index)
     block = alloc.allocate(nbytes)
@@ -88,6 +125,9 @@ def is_sim_storage(storage: torch.UntypedStorage) -> bool:
 
 def owns_block(storage: torch.UntypedStorage) -> bool:
     """Whether ``storage`` holds its own block of the sim allocator (made by :func:`new_storage`)."""
+    native = runtime.native()
+    if native is not None:
+        return native.owns_block(storage)
     return getattr(storage, "_fl_memory", None) is not None
 
 
@@ -266,6 +306,10 @@ def resize_storage(storage: torch.UntypedStorage, nbytes: int) -> None:
         return
     if nbytes < 0:
         raise RuntimeError(f"cannot resize a storage to {nbytes} bytes")
+    native = runtime.native()
+    if native is not None:
+        native.resize_storage(storage, nbytes)
+        return
     index = storage.device.index
     fresh = new_storage(nbytes, index)
     copy_storage_bytes(fresh, storage, min(old, nbytes))

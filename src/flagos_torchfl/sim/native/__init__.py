@@ -1,6 +1,8 @@
 """The sim's native runtime (``runtime.cpp`` beside this file): a device guard, PrivateUse1 hooks,
 profiler stubs and the report of device memory to the profiler written in C++, the parts of an accelerator that PyTorch's C++ side asks for and
-a Python backend cannot register (a Python-registered guard answers only the device type).
+a Python backend cannot register (a Python-registered guard answers only the device type); and
+the native route: the device's allocators and one boxed C++ kernel for the native operators,
+which runs each operator's CPU kernel on the sim tensors' memory without entering Python.
 
 It is built at first use with the machine's C++ compiler (``$CXX``, else ``c++``, ``g++`` or
 ``clang++`` on ``PATH``) against the installed torch's headers, in about five seconds, and kept in a
@@ -18,12 +20,13 @@ import hashlib
 import os
 import shutil
 import subprocess
+import sysconfig
 import tempfile
 from pathlib import Path
 from typing import Optional
 
 SOURCE = Path(__file__).with_name("runtime.cpp")
-ABI = 2
+ABI = 3
 """The interface version of ``runtime.cpp`` this loader speaks (``fl_sim_abi()``)."""
 
 BUILD_TIMEOUT = 300.0
@@ -56,6 +59,12 @@ class NativeRuntime:
         library.fl_sim_report_memory.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_uint64,
                                                  ctypes.c_uint64, ctypes.c_int]
         library.fl_sim_report_memory.restype = None
+        library.fl_sim_register_kernels.argtypes = [ctypes.c_char_p]
+        library.fl_sim_owns_block.argtypes = [ctypes.c_void_p]
+        library.fl_sim_resize_storage.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int]
+        self._py = ctypes.PyDLL(str(path))  # the entry points that take Python objects, GIL held
+        self._py.fl_sim_set_python.argtypes = [ctypes.py_object] * 3
+        self._py.fl_sim_set_observer.argtypes = [ctypes.py_object]
         self.current_stream = library.fl_sim_current_stream
         self.exchange_stream = library.fl_sim_exchange_stream
         self.current_device = library.fl_sim_current_device
@@ -67,6 +76,42 @@ class NativeRuntime:
         status = self._lib.fl_sim_register(devices, int(bool(bfloat16)))
         if status != 0:
             raise NativeUnavailable(self._lib.fl_sim_error().decode(errors="replace"))
+
+    def install_memory(self, allocate, free, service) -> None:
+        """Make the sim allocator the device's memory in C++: ``allocate(index, nbytes)`` answers
+        ``(address, block)`` (``(0, None)`` for no block), ``free(index, block)`` gives a block
+        back, ``service(what, index)`` answers ``"stats"`` (a ``memory_stats`` dict),
+        ``"empty_cache"``, ``"reset_peak"`` and ``"reset_accumulated"`` (index -1: every
+        device). Registers the PrivateUse1 allocator, the pinned host allocator, and the CPU
+        allocator through which native kernels' outputs are allocated as sim memory."""
+        self._py.fl_sim_set_python(allocate, free, service)
+        if self._lib.fl_sim_install_memory() != 0:
+            raise NativeUnavailable(self._lib.fl_sim_error().decode(errors="replace"))
+
+    def register_kernels(self, names) -> int:
+        """Register the native route's C++ kernel on PrivateUse1 for each overload in ``names``
+        (fully qualified); returns how many."""
+        count = self._lib.fl_sim_register_kernels("\n".join(sorted(names)).encode())
+        if count < 0:
+            raise NativeUnavailable(self._lib.fl_sim_error().decode(errors="replace"))
+        return count
+
+    def set_observer(self, observer) -> None:
+        """Call ``observer(overload name, nanoseconds)`` after every C++ kernel (None: stop)."""
+        self._py.fl_sim_set_observer(observer)
+
+    def owns_block(self, storage) -> bool:
+        """Whether sim ``storage`` holds its own block (not a slice of another storage)."""
+        return bool(self._lib.fl_sim_owns_block(storage._cdata))
+
+    def resize_storage(self, storage, nbytes: int) -> None:
+        """Give sim ``storage`` a new block of ``nbytes`` bytes in place, keeping the leading
+        bytes both sizes have; every tensor sharing it sees the new memory."""
+        if self._lib.fl_sim_resize_storage(storage._cdata, nbytes, storage.device.index) != 0:
+            message = self._lib.fl_sim_error().decode(errors="replace")
+            if "out of memory" in message.lower():
+                raise torch_oom(message)
+            raise RuntimeError(message)
 
     def set_device(self, index: int) -> None:
         """Make ``index`` the calling thread's current device (checked by the caller)."""
@@ -91,6 +136,12 @@ class NativeRuntime:
     def is_pinned(self, address: int) -> bool:
         """Whether ``address`` lies inside a block of the pinned host allocator."""
         return bool(self._lib.fl_sim_is_pinned(address))
+
+
+def torch_oom(message: str) -> Exception:
+    import torch
+
+    return torch.OutOfMemoryError(message)
 
 
 def load(cache_dir: Optional[Path] = None, timeout: float = BUILD_TIMEOUT) -> NativeRuntime:
@@ -176,8 +227,10 @@ def compile_command(compiler: str, torch_dir: Path, output: Path) -> list[str]:
     include = torch_dir / "include"
     lib = torch_dir / "lib"
     abi = int(bool(getattr(torch._C, "_GLIBCXX_USE_CXX11_ABI", True)))
+    python_include = sysconfig.get_paths()["include"]
     return [compiler, "-O2", "-std=c++20", "-fPIC", "-shared", f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
-            f"-I{include}", f"-I{include / 'torch' / 'csrc' / 'api' / 'include'}", str(SOURCE),
+            f"-I{include}", f"-I{include / 'torch' / 'csrc' / 'api' / 'include'}", f"-I{python_include}",
+            str(SOURCE),
             f"-L{lib}", "-lc10", "-ltorch_cpu", f"-Wl,-rpath,{lib}", "-o", str(output)]
 
 

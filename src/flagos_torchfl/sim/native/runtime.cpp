@@ -14,8 +14,21 @@
 //    knows every address inside its blocks (is_pinned of a view into pinned memory);
 //  * profiler stubs, so the profiler's device-side events of PrivateUse1 have host timestamps;
 //    and the report of device memory to a profiler that records memory (fl_sim_report_memory);
-//  * a DDP timer (DDP's logger measures forward, backward and communication per device type).
+//  * a DDP timer (DDP's logger measures forward, backward and communication per device type);
+//  * the device's memory (a c10::DeviceAllocator whose blocks come from the sim's caching
+//    allocator in Python, the one place its policy and statistics live) and pinned host memory
+//    (an at::HostAllocator: torch.accelerator.empty_host_cache);
+//  * the boxed kernel of the sim's native operators (below: "The native route").
+#include <Python.h>
+
+#include <ATen/ATen.h>
+#include <ATen/EmptyTensor.h>
+#include <ATen/core/CachingHostAllocator.h>
+#include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/detail/PrivateUse1HooksInterface.h>
+#include <c10/core/CPUAllocator.h>
+#include <c10/core/CachingDeviceAllocator.h>
+#include <torch/library.h>
 #include <c10/core/Allocator.h>
 #include <c10/core/Device.h>
 #include <c10/core/Stream.h>
@@ -37,14 +50,19 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <memory>
 #include <mutex>
+#include <pthread.h>
 #include <string>
+#include <unordered_map>
+#include <vector>
 
 namespace flsim {
 
 constexpr int kMaxDevices = 64;
 constexpr int kPoolSize = 32;  // streams per priority per device
 constexpr c10::DeviceType kType = c10::DeviceType::PrivateUse1;
+constexpr c10::DispatchKey kKey = c10::DispatchKey::PrivateUse1;
 
 std::atomic<int> g_devices{0};
 std::atomic<bool> g_bfloat16{true};
@@ -199,7 +217,7 @@ struct Guard final : public c10::impl::DeviceGuardImplInterface {
 
 // Pinned host memory: ordinary host memory (the sim's transfers are host copies) whose blocks are
 // remembered, so that any address inside one is known to be pinned.
-struct PinnedAllocator final : public c10::Allocator {
+struct PinnedAllocator final : public at::HostAllocator {
   mutable std::mutex lock;
   mutable std::map<uintptr_t, size_t> blocks;
 
@@ -221,6 +239,13 @@ struct PinnedAllocator final : public c10::Allocator {
   void copy_data(void* dest, const void* src, std::size_t count) const override {
     std::memcpy(dest, src, count);
   }
+
+  // Sim work runs inline: no event to wait for, nothing cached to give back.
+  bool record_event(void* /*ptr*/, void* /*ctx*/, c10::Stream /*stream*/) override { return true; }
+  void empty_cache() override {}
+  at::HostStats get_stats() override { return {}; }
+  void reset_accumulated_stats() override {}
+  void reset_peak_stats() override {}
 
   bool contains(const void* data) const {
     const auto address = reinterpret_cast<uintptr_t>(data);
@@ -318,6 +343,560 @@ void register_ddp_timer() {
 void register_ddp_timer() {}
 #endif
 
+// ---- Device memory ---------------------------------------------------------------------------
+// Blocks come from the sim's caching allocator (Python: its policy, limits, statistics and the
+// profiler's memory reports live there, whichever runtime runs). g_py_alloc(index, nbytes)
+// answers (address, block); g_py_free(index, block) gives a block back; g_py_service(what,
+// index) answers the rarer questions (statistics, emptying the cache).
+PyObject* g_py_alloc = nullptr;
+PyObject* g_py_free = nullptr;
+PyObject* g_py_service = nullptr;
+PyObject* g_py_observer = nullptr;
+std::atomic<bool> g_observe{false};
+std::atomic<bool> g_bad_fork{false};
+thread_local int t_alloc_device = -1;  // >= 0: CPU allocations of this thread are sim memory
+
+// Sets where the calling thread's CPU allocations go (-1: the host) for its lifetime; Python code
+// that a kernel calls (the sim allocator itself) allocates on the host.
+struct AllocateOn {
+  int previous;
+  explicit AllocateOn(int device) : previous(t_alloc_device) { t_alloc_device = device; }
+  ~AllocateOn() { t_alloc_device = previous; }
+};
+
+struct BlockContext {
+  PyObject* block;
+  int device;
+};
+
+// The pending Python exception's message (taken off); it starts with \x01 for an out-of-memory error.
+std::string python_error() {
+  PyObject *type, *value, *trace;
+  PyErr_Fetch(&type, &value, &trace);
+  PyErr_NormalizeException(&type, &value, &trace);
+  std::string message = "unknown error";
+  if (value != nullptr) {
+    PyObject* text = PyObject_Str(value);
+    if (text != nullptr) {
+      const char* utf8 = PyUnicode_AsUTF8(text);
+      if (utf8 != nullptr) message = utf8;
+      Py_DECREF(text);
+    }
+  }
+  const bool oom = type != nullptr && PyType_Check(type) &&
+                   std::string(reinterpret_cast<PyTypeObject*>(type)->tp_name).find("OutOfMemoryError") !=
+                       std::string::npos;
+  Py_XDECREF(type);
+  Py_XDECREF(value);
+  Py_XDECREF(trace);
+  return (oom ? "\x01" : "") + message;
+}
+
+[[noreturn]] void raise_python_error() {
+  std::string message = python_error();
+  if (!message.empty() && message[0] == '\x01') {
+    TORCH_CHECK_WITH(OutOfMemoryError, false, message.substr(1));
+  }
+  TORCH_CHECK(false, message);
+}
+
+// The blocks handed out, by address: a DataPtr's context is its address (what raw_allocate,
+// which some CPU kernels use, requires).
+std::mutex g_blocks_lock;
+std::unordered_map<void*, BlockContext> g_blocks;
+c10::Allocator* g_host_allocator = nullptr;  // the CPU allocator g_cpu_allocator replaced
+
+void sim_delete(void* ptr) {
+  if (ptr == nullptr) return;
+  BlockContext c{nullptr, -1};
+  {
+    std::lock_guard<std::mutex> hold(g_blocks_lock);
+    auto it = g_blocks.find(ptr);
+    if (it != g_blocks.end()) {
+      c = it->second;
+      g_blocks.erase(it);
+    }
+  }
+  if (c.block == nullptr) {  // host memory handed out through raw_allocate
+    g_host_allocator->raw_deleter()(ptr);
+    return;
+  }
+  if (Py_IsInitialized() && !_Py_IsFinalizing()) {
+    AllocateOn host(-1);
+    PyGILState_STATE gil = PyGILState_Ensure();
+    PyObject *type, *value, *trace;  // a tensor may die while an exception is being raised
+    PyErr_Fetch(&type, &value, &trace);
+    PyObject* done = PyObject_CallFunction(g_py_free, "iO", c.device, c.block);
+    if (done == nullptr) PyErr_WriteUnraisable(g_py_free);
+    Py_XDECREF(done);
+    Py_DECREF(c.block);
+    PyErr_Restore(type, value, trace);
+    PyGILState_Release(gil);
+  }
+}
+
+// `nbytes` of sim memory of device `device`, as a DataPtr that says `on`.
+c10::DataPtr sim_block(int device, size_t nbytes, c10::Device on) {
+  TORCH_CHECK(!g_bad_fork.load(), "Cannot re-initialize ", c10::str(name()),
+              " in forked subprocess. To use it with multiprocessing, you must use the 'spawn' "
+              "start method");
+  g_used.store(true);
+  AllocateOn host(-1);
+  PyGILState_STATE gil = PyGILState_Ensure();
+  PyObject *type, *value, *trace;
+  PyErr_Fetch(&type, &value, &trace);
+  PyObject* answer = PyObject_CallFunction(g_py_alloc, "in", device, static_cast<Py_ssize_t>(nbytes));
+  if (answer == nullptr) {
+    std::string message = python_error();
+    PyErr_Restore(type, value, trace);
+    PyGILState_Release(gil);
+    if (!message.empty() && message[0] == '\x01') {
+      TORCH_CHECK_WITH(OutOfMemoryError, false, message.substr(1));
+    }
+    TORCH_CHECK(false, message);
+  }
+  void* ptr = PyLong_AsVoidPtr(PyTuple_GET_ITEM(answer, 0));
+  PyObject* block = PyTuple_GET_ITEM(answer, 1);
+  if (block != Py_None) {
+    Py_INCREF(block);
+    std::lock_guard<std::mutex> hold(g_blocks_lock);
+    g_blocks[ptr] = BlockContext{block, device};
+  }
+  Py_DECREF(answer);
+  PyErr_Restore(type, value, trace);
+  PyGILState_Release(gil);
+  return {ptr, ptr, &sim_delete, on};
+}
+
+PyObject* service(const char* what, int device) {
+  PyObject* answer = PyObject_CallFunction(g_py_service, "si", what, device);
+  if (answer == nullptr) raise_python_error();
+  return answer;
+}
+
+struct SimAllocator final : public c10::DeviceAllocator {
+  c10::DataPtr allocate(size_t nbytes) override {
+    const int device = t_alloc_device >= 0 ? t_alloc_device : t_device;
+    return sim_block(device, nbytes, c10::Device(kType, static_cast<c10::DeviceIndex>(device)));
+  }
+  c10::DeleterFnPtr raw_deleter() const override { return &sim_delete; }
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
+    std::memcpy(dest, src, count);
+  }
+  bool initialized() override { return g_used.load(); }
+  void emptyCache(c10::MempoolId_t /*pool*/) override {
+    PyGILState_STATE gil = PyGILState_Ensure();
+    PyObject* done = PyObject_CallFunction(g_py_service, "si", "empty_cache", -1);
+    if (done == nullptr) { std::string m = python_error(); PyGILState_Release(gil); TORCH_CHECK(false, m); }
+    Py_DECREF(done);
+    PyGILState_Release(gil);
+  }
+  void recordStream(const c10::DataPtr& /*ptr*/, c10::Stream /*stream*/) override {}
+  c10::CachingDeviceAllocator::DeviceStats getDeviceStats(c10::DeviceIndex device) override {
+    c10::CachingDeviceAllocator::DeviceStats stats;
+    PyGILState_STATE gil = PyGILState_Ensure();
+    PyObject* table = PyObject_CallFunction(g_py_service, "si", "stats", static_cast<int>(device));
+    if (table == nullptr) { std::string m = python_error(); PyGILState_Release(gil); TORCH_CHECK(false, m); }
+    auto read = [&](const std::string& key) -> int64_t {
+      PyObject* v = PyDict_GetItemString(table, key.c_str());
+      return v ? PyLong_AsLongLong(v) : 0;
+    };
+    const char* groups[] = {"all", "small_pool", "large_pool"};
+    auto fill = [&](c10::CachingDeviceAllocator::StatArray& array, const char* kind) {
+      for (int g = 0; g < 3; ++g) {
+        const std::string prefix = std::string(kind) + "." + groups[g] + ".";
+        array[g].current = read(prefix + "current");
+        array[g].peak = read(prefix + "peak");
+        array[g].allocated = read(prefix + "allocated");
+        array[g].freed = read(prefix + "freed");
+      }
+    };
+    fill(stats.allocation, "allocation");
+    fill(stats.segment, "segment");
+    fill(stats.active, "active");
+    fill(stats.allocated_bytes, "allocated_bytes");
+    fill(stats.reserved_bytes, "reserved_bytes");
+    fill(stats.active_bytes, "active_bytes");
+    fill(stats.requested_bytes, "requested_bytes");
+    stats.num_alloc_retries = read("num_alloc_retries");
+    stats.num_ooms = read("num_ooms");
+    Py_DECREF(table);
+    PyGILState_Release(gil);
+    return stats;
+  }
+  void resetAccumulatedStats(c10::DeviceIndex device) override { simple("reset_accumulated", device); }
+  void resetPeakStats(c10::DeviceIndex device) override { simple("reset_peak", device); }
+
+  void simple(const char* what, int device) {
+    PyGILState_STATE gil = PyGILState_Ensure();
+    PyObject* done = PyObject_CallFunction(g_py_service, "si", what, device);
+    if (done == nullptr) { std::string m = python_error(); PyGILState_Release(gil); TORCH_CHECK(false, m); }
+    Py_DECREF(done);
+    PyGILState_Release(gil);
+  }
+};
+
+// The CPU allocator while a sim kernel runs its CPU kernel: what the CPU kernel allocates on the
+// calling thread (its outputs) is sim memory of the kernel's device, so an output becomes a sim
+// tensor without a copy. Everywhere else it is the CPU allocator it replaced.
+struct CpuAllocator final : public c10::Allocator {
+  c10::Allocator* host = nullptr;
+  c10::DataPtr allocate(size_t nbytes) override {
+    if (t_alloc_device < 0) return host->allocate(nbytes);
+    return sim_block(t_alloc_device, nbytes, c10::Device(c10::DeviceType::CPU));
+  }
+  c10::DeleterFnPtr raw_deleter() const override { return &sim_delete; }
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
+    std::memcpy(dest, src, count);
+  }
+};
+
+SimAllocator g_sim_allocator;
+CpuAllocator g_cpu_allocator;
+
+// ---- The native route ------------------------------------------------------------------------
+// One boxed kernel per native operator: host views (CPU tensors over the sim tensors' memory)
+// replace the sim tensors on the stack, the operator's CPU kernel runs on them, and its results
+// become sim tensors: an output over an input's memory is a sim tensor on that input's storage
+// (a view), an output the CPU kernel allocated is already sim memory (g_cpu_allocator) and its
+// storage is handed to the device; in-place and out= results are the very tensors given.
+void delete_storage_ref(void* context) { delete static_cast<c10::Storage*>(context); }
+
+c10::Storage host_storage_of(const c10::Storage& sim) {
+  c10::StorageImpl* impl = sim.unsafeGetStorageImpl();
+  void* ptr = const_cast<void*>(impl->data());
+  c10::DataPtr data(ptr, new c10::Storage(sim), &delete_storage_ref, c10::Device(c10::DeviceType::CPU));
+  return c10::Storage(c10::make_intrusive<c10::StorageImpl>(c10::StorageImpl::use_byte_size_t(),
+                                                            impl->nbytes(), std::move(data),
+                                                            &g_cpu_allocator, true));
+}
+
+at::Tensor tensor_on(c10::Storage storage, c10::DispatchKey key, const at::Tensor& like) {
+  auto impl = c10::make_intrusive<c10::TensorImpl>(std::move(storage), c10::DispatchKeySet(key), like.dtype());
+  impl->set_sizes_and_strides(like.sizes(), like.strides(), like.storage_offset());
+  if (like.is_conj()) impl->_set_conj(true);
+  if (like.is_neg()) impl->_set_neg(true);
+  return at::Tensor(std::move(impl));
+}
+
+std::string device_text(int index) { return name() + ":" + std::to_string(index); }
+
+struct Signature {
+  std::string name;
+  size_t arguments = 0;
+  std::vector<int> written;      // arguments the operator writes
+  std::vector<int> return_of;    // per return: the argument it is (-1: a new value)
+  bool cpu_indices_ok = false;   // accepts CPU index tensors beside device tensors
+  int pin_memory = -1, non_blocking = -1;  // _to_copy's: a non-blocking copy to the host is pinned
+};
+
+struct Call {
+  const Signature& sig;
+  std::vector<std::pair<c10::StorageImpl*, c10::Storage>> host_of;  // sim storage -> host storage
+  std::vector<std::pair<c10::StorageImpl*, c10::Storage>> fresh;    // host storage -> sim storage
+  int first = -1, second = -1, target = -1;
+  bool keep_cpu = false, foreign = false, foreign_written = false;
+  std::string foreign_device;
+
+  explicit Call(const Signature& s) : sig(s) {}
+
+  at::Tensor host_view(const at::Tensor& t) {
+    TORCH_CHECK(t.layout() == c10::kStrided, name(), " supports strided tensors only, got ",
+                t.layout(), " in ", sig.name);
+    const int index = t.device().index();
+    if (first < 0) first = index;
+    else if (index != first && second < 0) second = index;
+    c10::StorageImpl* key = t.storage().unsafeGetStorageImpl();
+    for (auto& [sim, host] : host_of)
+      if (sim == key) return tensor_on(host, c10::DispatchKey::CPU, t);
+    c10::Storage host = host_storage_of(t.storage());
+    host_of.emplace_back(key, host);
+    return tensor_on(host, c10::DispatchKey::CPU, t);
+  }
+
+  c10::IValue to_host(const c10::IValue& value, bool written) {
+    if (value.isTensor()) {
+      const at::Tensor& t = value.toTensor();
+      if (!t.defined()) return value;
+      if (t.device().type() == kType) return host_view(t);
+      if (t.dim() != 0 || written) {
+        if (!foreign) foreign_device = c10::str(t.device());
+        foreign = true;
+        foreign_written = foreign_written || written;
+      }
+      return value;
+    }
+    if (value.isList()) {
+      auto list = value.toList();
+      bool any = false;
+      for (const c10::IValue& e : list) {
+        if (e.isTensor() && e.toTensor().defined()) { any = true; break; }
+      }
+      if (!any) return value;
+      c10::impl::GenericList out(list.elementType());
+      out.reserve(list.size());
+      for (const c10::IValue& e : list) out.push_back(to_host(e, written));
+      return out;
+    }
+    if (value.isDevice()) {
+      const c10::Device d = value.toDevice();
+      if (d.type() == kType) {
+        target = d.has_index() ? check_index(d.index()) : t_device;
+        return c10::Device(c10::DeviceType::CPU);
+      }
+      keep_cpu = true;
+    }
+    return value;
+  }
+
+  void check_devices() const {
+    TORCH_CHECK(second < 0, "Expected all tensors to be on the same device, but found at least two devices, ",
+                device_text(first), " and ", device_text(second), "! (in ", sig.name, ")");
+    TORCH_CHECK(first < 0 || !foreign || (sig.cpu_indices_ok && !foreign_written),
+                "Expected all tensors to be on the same device, but found at least two devices, ",
+                device_text(first), " and ", foreign_device, "! (in ", sig.name, ")");
+  }
+
+  int output_device() const { return target >= 0 ? target : (first >= 0 ? first : t_device); }
+
+  c10::IValue to_sim(const c10::IValue& value) {
+    if (value.isTensor()) return tensor_to_sim(value.toTensor());
+    if (value.isList()) {
+      auto list = value.toList();
+      c10::impl::GenericList out(list.elementType());
+      out.reserve(list.size());
+      for (const c10::IValue& e : list) out.push_back(to_sim(e));
+      return out;
+    }
+    return value;
+  }
+
+  at::Tensor tensor_to_sim(const at::Tensor& v) {
+    if (!v.defined() || v.device().type() != c10::DeviceType::CPU) return v;
+    TORCH_CHECK(v.layout() == c10::kStrided, name(), " supports strided tensors only; ", sig.name,
+                " returned ", v.layout());
+    c10::StorageImpl* key = v.storage().unsafeGetStorageImpl();
+    for (auto& [sim, host] : host_of) {
+      if (host.unsafeGetStorageImpl() == key) {
+        if (keep_cpu) return v.clone();
+        return tensor_on(c10::Storage(c10::intrusive_ptr<c10::StorageImpl>::reclaim_copy(sim)),
+                         kKey, v);
+      }
+    }
+    if (keep_cpu) return v;
+    for (auto& [host, sim] : fresh)
+      if (host == key) return tensor_on(sim, kKey, v);
+    const int device = output_device();
+    const c10::Device on(kType, static_cast<c10::DeviceIndex>(device));
+    c10::Storage sim;
+    if (key->data_ptr().get_deleter() == &sim_delete && key->data_ptr().device().is_cpu()) {
+      key->mutable_data_ptr().unsafe_set_device(on);  // sim memory the CPU kernel allocated
+      key->set_resizable(false);
+      sim = v.storage();
+    } else {  // host memory (a kernel's own): copied to the device
+      const size_t nbytes = key->nbytes();
+      c10::DataPtr data = sim_block(device, nbytes, on);
+      if (nbytes) std::memcpy(data.get(), key->data(), nbytes);
+      sim = c10::Storage(c10::make_intrusive<c10::StorageImpl>(
+          c10::StorageImpl::use_byte_size_t(), nbytes, std::move(data), &g_sim_allocator, false));
+    }
+    fresh.emplace_back(key, sim);
+    return tensor_on(sim, kKey, v);
+  }
+
+  // Make written sim tensor `sim` show `host` (its host view after the CPU kernel ran).
+  void adopt(const at::Tensor& sim, const at::Tensor& host) {
+    c10::StorageImpl* sim_storage = sim.storage().unsafeGetStorageImpl();
+    c10::StorageImpl* host_storage = host.storage().unsafeGetStorageImpl();
+    c10::Storage mine;
+    for (auto& [s, h] : host_of)
+      if (s == sim_storage) mine = h;
+    if (mine.unsafeGetStorageImpl() == host_storage) {
+      if (host_storage->data() != sim_storage->data() || host_storage->nbytes() != sim_storage->nbytes()) {
+        // the CPU kernel grew the output: its new memory is sim memory (g_cpu_allocator)
+        c10::DataPtr grown = host_storage->set_data_ptr(c10::DataPtr(nullptr, c10::Device(c10::DeviceType::CPU)));
+        grown.unsafe_set_device(sim.device());
+        sim_storage->set_data_ptr_noswap(std::move(grown));
+        sim_storage->set_nbytes(host_storage->nbytes());
+      }
+    } else {  // the kernel pointed the output elsewhere: copy what it holds
+      at::Tensor source = host;
+      const int64_t need = at::detail::computeStorageNbytes(host.sizes(), host.strides(),
+                                                            host.dtype().itemsize(),
+                                                            sim.storage_offset());
+      if (static_cast<size_t>(need) > sim_storage->nbytes()) {
+        c10::DataPtr data = sim_block(sim.device().index(), need, sim.device());
+        if (sim_storage->nbytes()) std::memcpy(data.get(), sim_storage->data(), sim_storage->nbytes());
+        sim_storage->set_data_ptr_noswap(std::move(data));
+        sim_storage->set_nbytes(need);
+      }
+      sim.unsafeGetTensorImpl()->set_sizes_and_strides(host.sizes(), host.strides(), sim.storage_offset());
+      host_view(sim).copy_(source);
+      return;
+    }
+    if (sim.sizes() != host.sizes() || sim.strides() != host.strides() ||
+        sim.storage_offset() != host.storage_offset()) {
+      sim.unsafeGetTensorImpl()->set_sizes_and_strides(host.sizes(), host.strides(), host.storage_offset());
+    }
+  }
+
+  void sync(const c10::IValue& original, const c10::IValue& passed) {
+    if (original.isTensor()) {
+      const at::Tensor& t = original.toTensor();
+      if (t.defined() && t.device().type() == kType) adopt(t, passed.toTensor());
+    } else if (original.isList() && passed.isList()) {
+      auto a = original.toList();
+      auto b = passed.toList();
+      for (size_t i = 0; i < a.size() && i < b.size(); ++i) sync(a.get(i), b.get(i));
+    }
+  }
+};
+
+void check_fork() {
+  TORCH_CHECK(!g_bad_fork.load(), "Cannot re-initialize ", c10::str(name()),
+              " in forked subprocess. To use it with multiprocessing, you must use the 'spawn' "
+              "start method");
+}
+
+void observe(const std::string& op, int64_t ns) {
+  AllocateOn host(-1);
+  PyGILState_STATE gil = PyGILState_Ensure();
+  if (g_py_observer != nullptr) {
+    PyObject* done = PyObject_CallFunction(g_py_observer, "sL", op.c_str(), static_cast<long long>(ns));
+    if (done == nullptr) PyErr_WriteUnraisable(g_py_observer);
+    Py_XDECREF(done);
+  }
+  PyGILState_Release(gil);
+}
+
+struct SimKernel final : public c10::OperatorKernel {
+  Signature sig;
+  explicit SimKernel(Signature s) : sig(std::move(s)) {}
+
+  void operator()(const c10::OperatorHandle& op, c10::DispatchKeySet /*keys*/, torch::jit::Stack* stack) {
+    check_fork();
+    const bool timed = g_observe.load();
+    const int64_t start = timed ? now_ns() : 0;
+    run(op, stack);
+    if (timed) observe(sig.name, now_ns() - start);
+  }
+
+  void run(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+    auto& s = *stack;
+    const size_t base = s.size() - sig.arguments;
+    std::vector<c10::IValue> original(s.begin() + base, s.end());
+    Call call(sig);
+    for (size_t i = 0; i < sig.arguments; ++i) {
+      const bool written = std::find(sig.written.begin(), sig.written.end(), static_cast<int>(i)) != sig.written.end();
+      s[base + i] = call.to_host(original[i], written);
+    }
+    call.check_devices();
+    if (call.keep_cpu && sig.pin_memory >= 0 && call.first >= 0 && s[base + sig.non_blocking].isBool() &&
+        s[base + sig.non_blocking].toBool() && s[base + sig.pin_memory].isNone()) {
+      s[base + sig.pin_memory] = true;  // a non-blocking copy to the host lands in pinned memory
+    }
+    std::vector<c10::IValue> passed;
+    passed.reserve(sig.written.size());
+    for (int w : sig.written) passed.push_back(s[base + w]);
+    {
+      AllocateOn allocate(call.keep_cpu ? -1 : call.output_device());
+      op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), stack);
+    }
+    for (size_t i = 0; i < sig.written.size(); ++i) call.sync(original[sig.written[i]], passed[i]);
+    const size_t returns = sig.return_of.size();
+    const size_t first_return = s.size() - returns;
+    for (size_t j = 0; j < returns; ++j) {
+      const int writer = sig.return_of[j];
+      s[first_return + j] = writer >= 0 ? original[writer] : call.to_sim(s[first_return + j]);
+    }
+  }
+};
+
+Signature signature_of(const c10::OperatorHandle& op) {
+  const c10::FunctionSchema& schema = op.schema();
+  Signature sig;
+  sig.name = c10::toString(schema.operator_name());
+  sig.arguments = schema.arguments().size();
+  std::map<c10::Symbol, int> writers;
+  for (size_t i = 0; i < schema.arguments().size(); ++i) {
+    const auto& a = schema.arguments()[i];
+    if (a.alias_info() && a.alias_info()->isWrite()) {
+      for (const auto& set : a.alias_info()->beforeSets()) writers[set] = static_cast<int>(i);
+      sig.written.push_back(static_cast<int>(i));
+    }
+    if (sig.name == "aten::_to_copy" && a.name() == "pin_memory") sig.pin_memory = static_cast<int>(i);
+    if (sig.name == "aten::_to_copy" && a.name() == "non_blocking") sig.non_blocking = static_cast<int>(i);
+  }
+  for (const auto& r : schema.returns()) {
+    int writer = -1;
+    if (r.alias_info() && r.alias_info()->isWrite()) {
+      for (const auto& set : r.alias_info()->beforeSets()) {
+        auto it = writers.find(set);
+        if (it != writers.end()) writer = it->second;
+      }
+    }
+    sig.return_of.push_back(writer);
+  }
+  static const char* cpu_indices[] = {"aten::index.Tensor", "aten::index.Tensor_out", "aten::index_put",
+                                      "aten::index_put_", "aten::index_put.out", "aten::_index_put_impl_",
+                                      "aten::_index_put_impl", "aten::_index_put_impl.out"};
+  for (const char* n : cpu_indices) sig.cpu_indices_ok = sig.cpu_indices_ok || sig.name == n;
+  return sig;
+}
+
+// Kernels of the runtime itself: allocation and copies.
+int resolve_target(std::optional<c10::Device> device) {
+  if (!device.has_value() || !device->has_index()) return t_device;
+  return check_index(device->index());
+}
+
+void check_factory(std::optional<c10::Layout> layout, std::optional<bool> pin_memory) {
+  TORCH_CHECK(!layout.has_value() || *layout == c10::kStrided, name(), " supports strided tensors only, not ",
+              *layout);
+  TORCH_CHECK(!pin_memory.value_or(false), "Only dense CPU tensors can be pinned");
+}
+
+at::Tensor sim_empty(c10::IntArrayRef size, std::optional<c10::ScalarType> dtype, std::optional<c10::Layout> layout,
+                     std::optional<c10::Device> device, std::optional<bool> pin_memory,
+                     std::optional<c10::MemoryFormat> memory_format) {
+  check_fork();
+  check_factory(layout, pin_memory);
+  AllocateOn allocate(resolve_target(device));
+  return at::detail::empty_generic(size, &g_sim_allocator, c10::DispatchKeySet(kKey),
+                                   dtype.value_or(c10::get_default_dtype_as_scalartype()), memory_format);
+}
+
+at::Tensor sim_empty_strided(c10::IntArrayRef size, c10::IntArrayRef stride, std::optional<c10::ScalarType> dtype,
+                             std::optional<c10::Layout> layout, std::optional<c10::Device> device,
+                             std::optional<bool> pin_memory) {
+  check_fork();
+  check_factory(layout, pin_memory);
+  AllocateOn allocate(resolve_target(device));
+  return at::detail::empty_strided_generic(size, stride, &g_sim_allocator, c10::DispatchKeySet(kKey),
+                                           dtype.value_or(c10::get_default_dtype_as_scalartype()));
+}
+
+at::Tensor on_host(const at::Tensor& t, const char* role) {
+  if (t.device().type() == c10::DeviceType::CPU) return t;
+  TORCH_CHECK(t.device().type() == kType, name(), " cannot copy ", role, " ", t.device());
+  return tensor_on(host_storage_of(t.storage()), c10::DispatchKey::CPU, t);
+}
+
+at::Tensor& sim_copy_(at::Tensor& self, const at::Tensor& src, bool /*non_blocking*/) {
+  check_fork();
+  at::Tensor destination = on_host(self, "to");
+  destination.copy_(on_host(src, "from"));
+  return self;
+}
+
+at::Tensor sim_copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blocking) {
+  at::Tensor out = dst;
+  sim_copy_(out, self, non_blocking);
+  return dst;
+}
+
+std::unique_ptr<torch::Library> g_library;
+
 Guard* g_guard = nullptr;
 Hooks* g_hooks = nullptr;
 ProfilerStubs* g_stubs = nullptr;
@@ -328,7 +907,7 @@ std::string g_error;
 extern "C" {
 
 // The interface version the Python loader checks before it calls anything else.
-int fl_sim_abi() { return 2; }
+int fl_sim_abi() { return 3; }
 
 // Register the guard, the hooks and the profiler stubs for `devices` devices. Returns 0, or 1 when
 // PrivateUse1 already has hooks or a guard of another's (fl_sim_error says which), 2 on an error.
@@ -357,6 +936,9 @@ int fl_sim_register(int devices, int bfloat16) {
     at::RegisterPrivateUse1HooksInterface(g_hooks);
     torch::profiler::impl::registerPrivateUse1Methods(g_stubs);
     register_ddp_timer();
+    pthread_atfork(nullptr, nullptr, [] {
+      if (flsim::g_used.load()) flsim::g_bad_fork.store(true);  // a device context does not survive fork
+    });
     return 0;
   } catch (const std::exception& e) {
     g_error = e.what();
@@ -404,6 +986,126 @@ void fl_sim_report_memory(void* ptr, int64_t delta, uint64_t allocated, uint64_t
   if (device < 0 || device >= flsim::g_devices.load()) return;
   c10::reportMemoryUsageToProfiler(ptr, delta, allocated, reserved,
                                    c10::Device(flsim::kType, static_cast<c10::DeviceIndex>(device)));
+}
+
+}  // extern "C"
+
+extern "C" {
+
+// Hand the runtime the sim allocator's Python entry points: alloc(index, nbytes) -> (address,
+// block), free(index, block), service(what, index) (statistics, emptying caches). Called with
+// the GIL held (ctypes.PyDLL); they live as long as the process.
+int fl_sim_set_python(PyObject* alloc, PyObject* free, PyObject* service) {
+  Py_INCREF(alloc);
+  Py_INCREF(free);
+  Py_INCREF(service);
+  flsim::g_py_alloc = alloc;
+  flsim::g_py_free = free;
+  flsim::g_py_service = service;
+  return 0;
+}
+
+// Call observer(overload name, nanoseconds) after every native kernel (None: stop). GIL held.
+int fl_sim_set_observer(PyObject* observer) {
+  PyObject* previous = flsim::g_py_observer;
+  if (observer == Py_None) {
+    flsim::g_observe.store(false);
+    flsim::g_py_observer = nullptr;
+  } else {
+    Py_INCREF(observer);
+    flsim::g_py_observer = observer;
+    flsim::g_observe.store(true);
+  }
+  Py_XDECREF(previous);
+  return 0;
+}
+
+// Make the device's memory the sim allocator's: the PrivateUse1 allocator (a DeviceAllocator,
+// for torch.accelerator's memory questions), the CPU allocator that a native kernel's CPU
+// kernel allocates sim memory through, and the pinned host allocator of the accelerator.
+int fl_sim_install_memory() {
+  using namespace flsim;
+  try {
+    if (g_cpu_allocator.host == nullptr) {
+      g_cpu_allocator.host = g_host_allocator = c10::GetCPUAllocator();
+      c10::SetCPUAllocator(&g_cpu_allocator, 255);
+      c10::SetAllocator(kType, &g_sim_allocator, 255);
+      at::setHostAllocator(kType, &g_pinned, 255);
+    }
+    return 0;
+  } catch (const std::exception& e) {
+    g_error = e.what();
+    return 2;
+  }
+}
+
+// Register the native route's kernel for each overload in `names` (one a line, "aten::add.Tensor",
+// "aten::relu"). Returns how many, or -1 (fl_sim_error says why).
+int fl_sim_register_kernels(const char* names) {
+  using namespace flsim;
+  try {
+    if (!g_library) {
+      g_library = std::make_unique<torch::Library>(torch::Library::IMPL, "aten", c10::DispatchKey::PrivateUse1,
+                                                   __FILE__, __LINE__);
+    }
+    int count = 0;
+    std::string all(names);
+    size_t at = 0;
+    while (at < all.size()) {
+      size_t end = all.find('\n', at);
+      if (end == std::string::npos) end = all.size();
+      const std::string full = all.substr(at, end - at);
+      at = end + 1;
+      if (full.empty()) continue;
+      const std::string bare = full.substr(full.find("::") + 2);
+      const size_t dot = bare.find('.');
+      const std::string packet = bare.substr(0, dot);
+      const std::string overload = dot == std::string::npos ? "" : bare.substr(dot + 1);
+      if (full == "aten::empty.memory_format") {
+        g_library->impl(bare.c_str(), TORCH_FN(sim_empty));
+      } else if (full == "aten::empty_strided") {
+        g_library->impl(bare.c_str(), TORCH_FN(sim_empty_strided));
+      } else if (full == "aten::copy_") {
+        g_library->impl(bare.c_str(), TORCH_FN(sim_copy_));
+      } else if (full == "aten::_copy_from") {
+        g_library->impl(bare.c_str(), TORCH_FN(sim_copy_from));
+      } else {
+        auto op = c10::Dispatcher::singleton().findSchemaOrThrow(("aten::" + packet).c_str(), overload.c_str());
+        g_library->impl(bare.c_str(), torch::CppFunction::makeFromBoxedFunctor(
+                                          std::make_unique<SimKernel>(signature_of(op))));
+      }
+      ++count;
+    }
+    return count;
+  } catch (const std::exception& e) {
+    g_error = e.what();
+    return -1;
+  }
+}
+
+// Whether the storage at `impl` (a StorageImpl*, Python's storage._cdata) holds its own block of
+// sim memory (not a slice of another storage).
+int fl_sim_owns_block(void* impl) {
+  return static_cast<c10::StorageImpl*>(impl)->data_ptr().get_deleter() == &flsim::sim_delete ? 1 : 0;
+}
+
+// Give the sim storage at `impl` a new block of `nbytes` bytes of device `device` in place,
+// keeping the leading bytes both sizes have. 0, or 2 (fl_sim_error says why).
+int fl_sim_resize_storage(void* impl, int64_t nbytes, int device) {
+  using namespace flsim;
+  try {
+    auto* storage = static_cast<c10::StorageImpl*>(impl);
+    const c10::Device on(kType, static_cast<c10::DeviceIndex>(device));
+    c10::DataPtr data = sim_block(device, static_cast<size_t>(nbytes), on);
+    const size_t keep = std::min(storage->nbytes(), static_cast<size_t>(nbytes));
+    if (keep) std::memcpy(data.get(), storage->data(), keep);
+    storage->set_data_ptr_noswap(std::move(data));
+    storage->set_nbytes(static_cast<size_t>(nbytes));
+    return 0;
+  } catch (const std::exception& e) {
+    g_error = e.what();
+    return 2;
+  }
 }
 
 }  // extern "C"
