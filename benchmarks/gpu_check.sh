@@ -32,7 +32,7 @@ python -m flagos_torchfl detect || true
 
 export FL_BACKEND=cuda
 say "tests: redirect units + corpus (backend cuda)"
-timeout 210 python -m pytest tests/redirect tests/corpus -q -p no:cacheprovider --timeout 200
+timeout 210 python -m pytest tests/redirect tests/e2e/corpus -q -p no:cacheprovider --timeout 200
 tests_rc=$?
 
 say "benchmark: redirect overhead (backend cuda, 11 pairs)"

@@ -6,7 +6,7 @@ layer, a few minutes on a 2-core machine. ``python -m pytest -q --all`` runs the
 the launcher, the command line, third-party programs, the real vendor wheels, PyTorch's
 conformance samples). :data:`FULL_ONLY` names the folders and modules that belong to the full
 suite only, and ``@pytest.mark.full`` marks single tests; a folder or module named on the command
-line (``python -m pytest tests/distributed``) runs whole. In the quick tier a test that starts a
+line (``python -m pytest tests/e2e``) runs whole. In the quick tier a test that starts a
 Python interpreter fails, naming the rule, so the tier stays what it says.
 
 Modules that set ``pytestmark = pytest.mark.isolated`` run in a fresh interpreter of their own:
@@ -30,33 +30,36 @@ _results: dict[str, dict[str, tuple[str, str]]] = {}
 
 #: what only the full suite runs (paths under tests/, a folder or a module) and why
 FULL_ONLY = {
-    "distributed": "2-process torchrun jobs",
-    "realclients": "third-party programs (transformers, accelerate, Lightning, peft, DeepSpeed ...)",
-    "corpus": "CUDA-written scripts, each run plainly and under the launcher",
-    "conformance": "PyTorch's OpInfo samples through every route",
-    "e2e": "real programs and libraries run whole (tests/e2e)",
-    "backends/test_device_modules.py": "the real vendor wheels, installed into folders of their own",
-    "cli/test_launcher_run.py": "programs under the launcher",
-    "cli/test_launcher_children.py": "the launcher's child processes",
-    "k8s/test_k8s_replay.py": "pods replayed as torchrun jobs",
-    "k8s/test_k8s_labels.py": "the labelling command as a program",
-    "backends/test_profile_queries.py": "a fresh interpreter per profile",
-    "routing/test_ops_cli.py": "the ops command as a program",
-    "routing/test_real_models.py": "transformers models on every route",
-    "test_inherit.py": "children of activated programs",
-    "test_faults.py": "faults injected into child interpreters",
-    "cli/test_cli.py": "the command line as a program",
+    "e2e": "real programs run whole: CUDA-written scripts, third-party programs (transformers, "
+           "accelerate, Lightning, DeepSpeed ...), torchrun jobs, real vendor wheels, PyTorch's "
+           "OpInfo samples through every route",
     "test_autoload.py": "interpreters with plug-ins that fail to load",
+    "test_checkpoint.py": "checkpoints loaded in fresh interpreters",
+    "test_checkpoint_safety.py": "checkpoint writers killed mid-write",
+    "test_faults.py": "faults injected into child interpreters",
+    "test_import.py": "fresh interpreters importing the package",
+    "test_inherit.py": "children of activated programs",
+    "test_memory_vendor.py": "fake vendor plug-ins in fresh interpreters",
+    "test_startup_modules.py": "fresh interpreters' module lists",
+    "backends/test_device_modules.py": "the real vendor wheels, installed into folders of their own",
     "backends/test_new_chip.py": "a third-party chip installed and launched",
     "backends/test_probe_hang.py": "query tools and plug-ins that hang",
-    "test_startup_modules.py": "fresh interpreters' module lists",
-    "test_import.py": "fresh interpreters importing the package",
-    "redirect/test_compile_step_hooks.py": "torch.compile in fresh interpreters",
-    "redirect/test_patch_import_order.py": "fresh interpreters per import order",
-    "redirect/test_compile_fallback.py": "torch.compile in a fresh interpreter",
-    "test_memory_vendor.py": "fake vendor plug-ins in fresh interpreters",
-    "precision/test_train_mixed.py": "training runs compared across backends",
+    "backends/test_profile_queries.py": "a fresh interpreter per profile",
+    "cli/test_cli.py": "the command line as a program",
+    "cli/test_launcher_children.py": "the launcher's child processes",
+    "cli/test_launcher_run.py": "programs under the launcher",
+    "k8s/test_k8s_labels.py": "the labelling command as a program",
     "precision/test_train_activated.py": "training runs compared across backends",
+    "precision/test_train_mixed.py": "training runs compared across backends",
+    "redirect/test_barrier_gpu_ids.py": "a process group on three sim devices",
+    "redirect/test_clean_exit.py": "jobs that end in each way, in fresh interpreters",
+    "redirect/test_compile_fallback.py": "torch.compile in a fresh interpreter",
+    "redirect/test_compile_step_hooks.py": "torch.compile in fresh interpreters",
+    "redirect/test_fsdp1_device_id.py": "FSDP1 in a one-rank process group",
+    "redirect/test_patch_import_order.py": "fresh interpreters per import order",
+    "routing/test_ops_cli.py": "the ops command as a program",
+    "routing/test_real_models.py": "transformers models on every route",
+    "sim/test_sim_collectives.py": "2-process jobs on the sim's collectives",
 }
 #: set in the environment of every interpreter the tests start, so that the quick tier's rule
 #: (no interpreter of a test's own) holds in isolated modules' children too
@@ -65,7 +68,7 @@ TIER = "FL_TEST_TIER"
 
 #: what needs the sim device throughout (paths under tests/, a folder or a module; its own floor:
 #: compat.SIM_MIN_TORCH)
-SIM_SUITES = ("sim", "conformance", "backends/test_op_tables.py", "backends/test_profiles.py",
+SIM_SUITES = ("sim", "e2e/conformance", "backends/test_op_tables.py", "backends/test_profiles.py",
               "backends/test_profile_ascend.py", "backends/test_profile_ascend_910a.py",
               "backends/test_profile_queries.py", "backends/test_profile_rename_refused.py",
               "e2e/test_profile_models.py", "e2e/test_fallback_budget.py")
@@ -199,7 +202,7 @@ def _named(config) -> list:
 
 def pytest_collection_modifyitems(config, items):
     # the quick tier leaves out what only the full suite runs, unless the command line names it
-    # (``python -m pytest tests/distributed``); an isolated module's child follows its parent's tier
+    # (``python -m pytest tests/e2e``); an isolated module's child follows its parent's tier
     named = [] if IN_CHILD else _named(config)
     if not _full(config):
         def kept(item) -> bool:

@@ -1,4 +1,4 @@
-"""Write the checkpoint fixtures of tests/distributed: a small state dict whose storages are
+"""Write the checkpoint fixtures of tests/test_checkpoint.py: a small state dict whose storages are
 tagged as a CUDA machine and an Ascend machine tag them (``cuda:0`` and ``npu:0``), written on
 this CPU machine by a temporary location tagger. The ``npu:0`` one also carries the device record
 ``flagos_torchfl.save`` adds (as written on an Ascend machine with this package), in the earlier

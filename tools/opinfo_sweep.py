@@ -25,14 +25,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.conformance import harness  # noqa: E402
+from tests.e2e.conformance import harness  # noqa: E402
 
 
 def run_chunk(native: str, names, workdir: str, timeout: float) -> tuple:
     """(results by OpInfo, names whose process died before they finished)."""
     fd, out = tempfile.mkstemp(suffix=".jsonl", dir=workdir)
     os.close(fd)
-    cmd = [sys.executable, "-m", "tests.conformance.harness", native, out, ",".join(names)]
+    cmd = [sys.executable, "-m", "tests.e2e.conformance.harness", native, out, ",".join(names)]
     try:
         proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
         tail = (proc.stderr or "")[-600:]

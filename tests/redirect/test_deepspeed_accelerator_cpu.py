@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import flagos_torchfl as ft
-from tests.realclients.realclients import requires
+from tests.e2e.realclients import requires
 
 pytestmark = [pytest.mark.isolated, requires("deepspeed")]
 

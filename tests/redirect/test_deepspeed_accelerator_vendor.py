@@ -9,7 +9,7 @@ import textwrap
 import pytest
 
 from tests.helpers import ROOT, prepend_path, run_python
-from tests.realclients.realclients import requires
+from tests.e2e.realclients import requires
 
 pytestmark = requires("deepspeed")
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from typing import Mapping, Optional
 
-from tests.conformance.harness import small_native_ops
+from tests.e2e.conformance.harness import small_native_ops
 
 
 def start_sim(env: Optional[Mapping[str, str]] = None, backend: str = "sim"):

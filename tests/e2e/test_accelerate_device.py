@@ -8,7 +8,7 @@ import json
 import pytest
 
 from tests.helpers import run_python
-from tests.realclients.realclients import requires
+from tests.e2e.realclients import requires
 
 QUESTION = "get_torch_accelerator_backend"
 

@@ -17,7 +17,7 @@ import concurrent.futures
 
 import pytest
 
-from tests.realclients.realclients import client, records, run_launched, skip_unless_installed
+from tests.e2e.realclients import client, records, run_launched, skip_unless_installed
 
 TIMEOUT = 900
 #: the fixture's seven launches (about 6 minutes with the 2 cores shared) exceed the default limit

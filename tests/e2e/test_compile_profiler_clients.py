@@ -2,7 +2,7 @@
 ``python -m flagos_torchfl run`` on the cpu backend."""
 import pytest
 
-from tests.realclients.realclients import client, records, requires, run_launched, run_plain
+from tests.e2e.realclients import client, records, requires, run_launched, run_plain
 
 
 @requires("transformers")

@@ -7,7 +7,7 @@ against the same client run plainly with gloo on CPU tensors.
 
 The patches of those modules wait for the program's import (``waits_for``); each run prints
 which patches still wait once the order is set up, proving which order it really ran.
-The modules imported (:data:`HARNESS_NEEDS`) and each client's needs (test_real_clients.NEEDS)
+The modules imported (:data:`HARNESS_NEEDS`) and each client's needs (test_distributed_clients.NEEDS)
 are compat features of the torch under test: without them a case is skipped, not launched.
 """
 from __future__ import annotations
@@ -20,7 +20,7 @@ import pytest
 
 from flagos_torchfl import compat
 from flagos_torchfl.redirect.patches import REGISTRY
-from tests.distributed.test_real_clients import (CLIENTS, NEEDS, _run, _torchrun, assert_trained_like,
+from tests.e2e.test_distributed_clients import (CLIENTS, NEEDS, _run, _torchrun, assert_trained_like,
                                                  client_marks, records, runnable)
 
 ORDER = str(CLIENTS / "import_order.py")
@@ -30,7 +30,7 @@ HARNESS_NEEDS = ("dcp_state_dict", "device_mesh", "fsdp2")
 CLIENT_ARGS = {"fsdp1_device_id": [], "fsdp2_dcp": ["{out}/ckpt"], "tensor_parallel": []}
 #: the patches that wait for dynamo's modules, in registry order
 DYNAMO_PATCHES = [p.name for p in REGISTRY if (p.waits_for or "").startswith("torch._dynamo.")]
-#: (order, backend) runs of every client; "after" under the launcher is test_real_clients' case
+#: (order, backend) runs of every client; "after" under the launcher is test_distributed_clients' case
 RUNS = [("before", "sim"), ("after", "sim"), ("reactivated", "sim"), ("deactivated", "sim"),
         ("before", "cpu"), ("deactivated", "cpu")]
 #: the patches still waiting when the client starts training: FSDP1's unless the program imported

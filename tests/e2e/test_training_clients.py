@@ -4,7 +4,7 @@ resume) on cpu and sim, ``accelerate launch --multi_gpu``, Lightning ``accelerat
 one device and with ``devices=2, strategy="ddp"``."""
 import pytest
 
-from tests.realclients.realclients import by_rank, client, records, requires, run_launched, run_plain
+from tests.e2e.realclients import by_rank, client, records, requires, run_launched, run_plain
 
 
 @pytest.fixture(scope="module")

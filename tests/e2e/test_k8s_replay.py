@@ -1,5 +1,5 @@
 """The pods of each ``k8s job`` kind, replayed on this machine: every replica's command and
-environment as its controller injects them (tests/k8s/controllers.py), 2 pods x 1 process, each
+environment as its controller injects them (tests/e2e/k8s_controllers.py), 2 pods x 1 process, each
 pod a local process tree. The cluster's DNS is this host: the master's host name resolves to
 127.0.0.1 only when the manifests wire it up, and the fixed rendezvous port is replaced by a
 free one (this machine is shared). The image's ``python`` is this interpreter."""
@@ -17,9 +17,9 @@ import yaml
 
 from flagos_torchfl.cli import main
 from tests.helpers import clean_env, run_tree
-from tests.k8s.controllers import pods
+from tests.e2e.k8s_controllers import pods
 
-SCRIPT = "tests/k8s/tiny_ddp.py"
+SCRIPT = "tests/e2e/clients/tiny_ddp.py"
 #: an argument Kubernetes' $(VAR) expansion would change if the manifest did not escape it (not
 #: with "$$": torchrun's own ${local_rank} macro turns "$$" into "$" in the script's arguments)
 LITERAL = "$(MASTER_PORT)-$NODE_RANK"

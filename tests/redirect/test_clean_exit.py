@@ -19,7 +19,7 @@ from flagos_torchfl.redirect import clean_exit
 from flagos_torchfl.sim import collectives
 from tests.helpers import ROOT, run_python
 
-JOB = str(ROOT / "tests" / "distributed" / "scripts" / "exit_job.py")
+JOB = str(ROOT / "tests" / "redirect" / "exit_job.py")
 SETTLED = "worker threads settled"
 needs_proc = pytest.mark.skipif(not os.path.isdir("/proc/self/task"),
                                 reason="threads are listed through /proc")

@@ -1,7 +1,8 @@
 """FSDP1 ``device_id`` as CUDA code passes it (``torch.cuda.current_device()``, ``"cuda:0"``,
 ``torch.device("cuda", 0)``) on the cpu backend, in one process with a one-rank group: FSDP1 takes
 the backend's device. Its construction runs on every supported torch; training FSDP1 on CPU
-tensors needs a torch whose FSDP1 can (compat ``fsdp_cpu``; test_real_clients' fsdp1_device_id)."""
+tensors needs a torch whose FSDP1 can (compat ``fsdp_cpu``; the client fsdp1_device_id of
+tests/e2e/test_distributed_clients.py)."""
 from __future__ import annotations
 
 import pytest

@@ -8,8 +8,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "distributed", "clients"))
-from leave import leave, write_record  # noqa: E402
+from leave import leave, write_record  # the clients folder is sys.path[0]
 
 out = sys.argv[1]
 dist.init_process_group("nccl")

@@ -13,7 +13,7 @@ import importlib
 
 import pytest
 
-from tests.realclients.realclients import client, records, run_launched, run_plain
+from tests.e2e.realclients import client, records, run_launched, run_plain
 
 
 def _loads(name: str) -> bool:

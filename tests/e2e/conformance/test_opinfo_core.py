@@ -8,7 +8,7 @@ pytestmark = pytest.mark.isolated
 
 
 def test_ci_subset_matches_the_cpu():
-    from tests.conformance import harness
+    from tests.e2e.conformance import harness
 
     count, summary = harness.run_ci_subset("core")
     assert count >= 100

@@ -6,7 +6,7 @@ autograd the gradients of every input too. Each sample is classified by the most
 any of its operators took (native < library < composite < fallback), read from the router's
 statistics before and after the sample.
 
-Used by ``tests/conformance/test_opinfo_*.py`` (a CI subset) and ``tools/opinfo_sweep.py``
+Used by ``tests/e2e/conformance/test_opinfo_*.py`` (a CI subset) and ``tools/opinfo_sweep.py``
 (the whole database, in crash-proof subprocess chunks).
 """
 from __future__ import annotations

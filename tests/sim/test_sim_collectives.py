@@ -23,7 +23,7 @@ from tests.helpers import clean_env
 
 pytestmark = [pytest.mark.isolated, pytest.mark.needs_sim]
 
-SCRIPT = Path(__file__).parent / "scripts" / "collectives_rank.py"
+SCRIPT = Path(__file__).parent / "collectives_rank.py"
 ALL = ("collectives", "async_handles", "faults", "ddp", "fsdp2", "dtensor", "dcp")
 RUNS = {"sim": ALL, "cpu": ALL, "simonly": ("collectives", "dcp")}
 WORLD = 2

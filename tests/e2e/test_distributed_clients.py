@@ -1,4 +1,4 @@
-"""CUDA-written distributed programs (tests/distributed/clients), unchanged, with 2 processes
+"""CUDA-written distributed programs (tests/e2e/clients), unchanged, with 2 processes
 through ``python -m flagos_torchfl run -- torchrun --nproc_per_node=2 ...`` on the cpu backend
 and on sim, against the same program run plainly with gloo on CPU tensors (its ``--cpu`` mode).
 

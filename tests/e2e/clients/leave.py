@@ -9,8 +9,7 @@ The plain-torch reference runs (``--cpu``, ``ACCELERATE_USE_CPU=true``...) have 
 finalizing at that moment the process aborts ("terminate called without an active exception"),
 and freeing the process group while the main thread holds the GIL can deadlock the same way.
 There the clients run the exit handlers and leave without teardown (:func:`leave`). Clients in
-this folder import this module from their own folder (``sys.path[0]``); the accelerate and
-Lightning clients of tests/realclients add this folder to their path.
+this folder import this module from their own folder (``sys.path[0]``).
 """
 import atexit
 import json
@@ -20,7 +19,7 @@ import sys
 
 def write_record(out: str, client: str, record: dict) -> None:
     """Write this rank's ``record`` (it holds ``"rank"``) as ``OUT/CLIENT.rankN.json``, the file
-    tests/distributed/test_real_clients.py reads."""
+    tests/e2e/test_distributed_clients.py reads."""
     with open(os.path.join(out, f"{client}.rank{record['rank']}.json"), "w") as f:
         json.dump(record, f)
 

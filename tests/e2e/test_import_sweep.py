@@ -2,7 +2,7 @@
 ``python -m flagos_torchfl run`` exactly when it imports plainly (each in a fresh interpreter)."""
 import pytest
 
-from tests.realclients.realclients import client, records, run_launched, run_plain, skip_unless_installed
+from tests.e2e.realclients import client, records, run_launched, run_plain, skip_unless_installed
 
 TARGETS = [
     ("transformers", "Trainer", "transformers"),

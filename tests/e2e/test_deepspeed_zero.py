@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from tests.realclients.realclients import by_rank, client, records, requires, run_launched
+from tests.e2e.realclients import by_rank, client, records, requires, run_launched
 
 pytestmark = requires("deepspeed")
 
