@@ -15,11 +15,14 @@ Each round times ``--steps`` steps on each device (after warm-up steps), the dev
 alternating from round to round; per workload it reports the median step time of each device,
 and the median and spread (min-max) of the per-round ratios sim/cpu. Each sim runtime
 (``FL_SIM_RUNTIME=native`` and ``python``) runs in a child process of its own, since a process
-has one. ``--profile WORKLOAD`` prints where a sim step's time goes instead (torch.profiler's
+has one; and so does each native set (``--sets``): ``default`` (the Core ATen set, the rest served
+by the routing layer's composites and fallbacks) and ``device`` (a CUDA-like set,
+``flagos_torchfl.sim.native_ops.device_kernel_ops()``: every operator with a CPU kernel of its
+own, the ``_foreach_*`` and fused optimizer kernels). ``--profile WORKLOAD`` prints where a sim step's time goes instead (torch.profiler's
 operators by self CPU time, three steps). The machine's load average is printed before and after.
 
     python benchmarks/sim_speed.py [--rounds 7] [--steps 3] [--only mlp,gpt-small]
-                                   [--runtimes native,python] [--profile mlp]
+                                   [--runtimes native,python] [--sets default,device] [--profile mlp]
 """
 from __future__ import annotations
 
@@ -180,9 +183,20 @@ def profile(name: str, rows: int = 25) -> None:
     print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=rows))
 
 
-def activate(kind: str) -> None:
+def activate(kind: str, native_set: str) -> None:
     os.environ["FL_BACKEND"] = "sim"
     os.environ["FL_SIM_RUNTIME"] = kind
+    if native_set == "device":
+        import tempfile
+
+        from flagos_torchfl.sim.native_ops import device_kernel_ops
+
+        listing = os.path.join(tempfile.mkdtemp(), "device_ops.json")
+        with open(listing, "w") as f:
+            json.dump(sorted(device_kernel_ops()), f)
+        os.environ["FL_SIM_NATIVE_OPS"] = listing
+    elif native_set != "default":
+        raise SystemExit(f"unknown native set {native_set!r}; valid: default, device")
     import flagos_torchfl as ft
     import flagos_torchfl.sim as fsim
 
@@ -204,31 +218,36 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--only", default=",".join(WORKLOADS))
     parser.add_argument("--runtimes", default="native,python")
+    parser.add_argument("--sets", default="default,device")
     parser.add_argument("--profile", metavar="WORKLOAD")
     parser.add_argument("--child", metavar="RUNTIME", help=argparse.SUPPRESS)
+    parser.add_argument("--child-set", default="default", help=argparse.SUPPRESS)
     args = parser.parse_args()
     workloads = [w.strip() for w in args.only.split(",") if w.strip()]
     for w in workloads:
         if w not in WORKLOADS:
             parser.error(f"unknown workload {w!r}; valid: {', '.join(WORKLOADS)}")
     if args.child:
-        activate(args.child)
+        activate(args.child, args.child_set)
         if args.profile:
             profile(args.profile)
             return
         print(json.dumps(child(workloads, args.rounds, args.steps, args.warmup)))
         return
     print(f"load average before: {os.getloadavg()}")
-    for kind in [k.strip() for k in args.runtimes.split(",") if k.strip()]:
-        argv = [sys.executable, __file__, "--child", kind, "--only", ",".join(workloads), "--rounds",
-                str(args.rounds), "--steps", str(args.steps), "--warmup", str(args.warmup)]
+    runs = [(k.strip(), n.strip()) for n in args.sets.split(",") if n.strip()
+            for k in args.runtimes.split(",") if k.strip()]
+    for kind, native_set in runs:
+        argv = [sys.executable, __file__, "--child", kind, "--child-set", native_set, "--only",
+                ",".join(workloads), "--rounds", str(args.rounds), "--steps", str(args.steps),
+                "--warmup", str(args.warmup)]
         if args.profile:
-            print(f"== {kind} runtime: {args.profile}")
+            print(f"== {kind} runtime, {native_set} set: {args.profile}")
             subprocess.run(argv + ["--profile", args.profile], check=True)
             continue
         done = subprocess.run(argv, check=True, capture_output=True, text=True)
         results = json.loads(done.stdout.strip().splitlines()[-1])
-        print(f"== FL_SIM_RUNTIME={kind}: {args.rounds} rounds of {args.steps} steps")
+        print(f"== FL_SIM_RUNTIME={kind}, {native_set} native set: {args.rounds} rounds of {args.steps} steps")
         print(f"{'workload':<12} {'cpu ms':>9} {'sim ms':>9} {'sim/cpu':>8}  spread")
         for name, times in results.items():
             if "skipped" in times:

@@ -4,6 +4,10 @@ backend kernel. Answers are read at run time, never kept as constants."""
 from __future__ import annotations
 
 import functools
+import hashlib
+import json
+import os
+import tempfile
 from typing import Dict, FrozenSet, Iterable, Optional, Tuple
 
 import torch
@@ -33,6 +37,68 @@ def overload(name: str) -> torch._ops.OpOverload:
     namespace, _, rest = name.partition("::")
     packet, _, overload_name = rest.partition(".")
     return getattr(getattr(getattr(torch.ops, namespace), packet), overload_name or "default")
+
+
+def schema_of(name: str) -> torch._C.FunctionSchema:
+    """The schema of overload ``name``, read from the dispatcher without building its Python
+    packet (``torch.ops.aten.<packet>``), which costs a hundred times more."""
+    packet, _, overload_name = name.partition(".")
+    return torch._C._get_schema(packet, overload_name)
+
+
+CACHED_TAGS = ("core", "nondeterministic_seeded", "view_copy", "inplace_view", "dynamic_output_shape",
+               "data_dependent_output", "reduction")
+"""The tags :func:`tagged` answers for (the rare ones; ``pt2_compliant_tag``, ``out`` and the other
+tags most overloads carry are read from the overloads themselves)."""
+
+
+def tagged(tag: str) -> FrozenSet[str]:
+    """The ATen overloads that carry ``tag`` (one of :data:`CACHED_TAGS`)."""
+    if tag not in CACHED_TAGS:
+        raise ValueError(f"tagged() answers for {', '.join(CACHED_TAGS)}, not {tag!r}")
+    return _tag_table()[tag]
+
+
+@functools.lru_cache(maxsize=1)
+def _tag_table() -> Dict[str, FrozenSet[str]]:
+    """Per tag of :data:`CACHED_TAGS`, the overloads that carry it. Reading tags means building
+    the overloads' Python packets (about 0.2 s for this torch's ~1,500 packets, most of the
+    sim's activation), so the table is kept in a cache file keyed by the torch build and its
+    overload names (``$XDG_CACHE_HOME``, else ``~/.cache``, under ``flagos_torchfl/aten``); a
+    cache that cannot be read or written is rebuilt in memory."""
+    names = all_aten()
+    key = hashlib.sha256("\0".join((torch.__version__, os.path.dirname(torch.__file__), *CACHED_TAGS,
+                                     *names)).encode())
+    path = os.path.join(_cache_dir(), f"tags-{key.hexdigest()[:20]}.json")
+    try:
+        with open(path, encoding="utf-8") as f:
+            stored = json.load(f)
+        return {tag: frozenset(stored[tag]) for tag in CACHED_TAGS}
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    table: Dict[str, list] = {tag: [] for tag in CACHED_TAGS}
+    for name in names:
+        for tag in overload(name).tags:
+            if tag.name in table:
+                table[tag.name].append(name)
+    _write_cache(path, table)
+    return {tag: frozenset(v) for tag, v in table.items()}
+
+
+def _cache_dir() -> str:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "flagos_torchfl", "aten")
+
+
+def _write_cache(path: str, table: dict) -> None:
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        fd, partial = tempfile.mkstemp(dir=os.path.dirname(path), suffix=".tmp")
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(table, f)
+        os.replace(partial, path)
+    except OSError:
+        pass  # an unwritable cache: the table is rebuilt by the next process
 
 
 def native_set(dispatch_key: str) -> FrozenSet[str]:

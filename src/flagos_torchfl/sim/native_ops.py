@@ -14,7 +14,8 @@ from typing import Callable, Iterable
 
 import torch
 
-from ..aten.dispatcher import all_aten, has_computed_kernel, has_kernel, is_implicit, overload, overloads_by_packet
+from ..aten.dispatcher import (all_aten, has_computed_kernel, has_kernel, is_implicit, overloads_by_packet,
+                              schema_of, tagged)
 from ..errors import ConfigError, closest
 from .kernels import HOST_EQUIVALENTS, SPECIAL_KERNELS
 
@@ -104,18 +105,15 @@ def _functional_of_generated_out(name: str) -> str | None:
 
 
 def _is_view(name: str) -> bool:
-    returns = overload(name)._schema.returns
+    returns = schema_of(name).returns
     return any(r.alias_info is not None and not r.alias_info.is_write for r in returns)
 
 
 def _core_overloads() -> set[str]:
     names = set()
+    core = tagged("core")
     for packet, overloads in overloads_by_packet().items():
-        try:
-            tagged = any(torch.Tag.core in overload(n).tags for n in overloads)
-        except AttributeError:
-            continue
-        if tagged:
+        if not core.isdisjoint(overloads):
             names.update(overloads)
     return names
 

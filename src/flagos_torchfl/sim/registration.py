@@ -12,7 +12,7 @@ import torch
 import torch.serialization
 
 from .. import compat
-from ..aten.dispatcher import has_backend_fallback, overload
+from ..aten.dispatcher import has_backend_fallback, schema_of, tagged
 from ..errors import BackendUnavailableError, PrivateUse1ClaimedError
 from . import device as device_module
 from . import inductor, kernels, runtime, tensors, torch_patches
@@ -95,6 +95,27 @@ NATIVE_RUNTIME_KERNELS = frozenset({
 :data:`~.kernels.SPECIAL_KERNELS` stay Python's: ``set_``, ``resize_`` and their kin)."""
 
 
+def _register_python_kernels(library: torch.library.Library, names: Iterable[str]) -> None:
+    """Register the Python kernel of each overload in ``names`` on PrivateUse1, each built at its
+    first call (building one reads the overload's schema through its Python packet, which costs
+    milliseconds apiece at activation)."""
+    for name in sorted(names):
+        library.impl(name[len("aten::"):], _built_at_first_call(name), "PrivateUse1")
+
+
+def _built_at_first_call(name: str):
+    kernel = None
+
+    def run(*args, **kwargs):
+        nonlocal kernel
+        if kernel is None:
+            kernel = kernels._observed(name, kernels.kernel_for(name))
+        return kernel(*args, **kwargs)
+
+    run.__name__ = run.__qualname__ = f"sim_{name[len('aten::'):].replace('.', '_')}"
+    return run
+
+
 def native_route(names: Iterable[str]) -> frozenset[str]:
     """The overloads of ``names`` that the native runtime's C++ kernel serves: all but the
     runtime's Python primitives, the ``*_overrideable`` stubs (which run another operator) and
@@ -107,9 +128,8 @@ def native_route(names: Iterable[str]) -> frozenset[str]:
             continue
         if name in kernels.HOST_EQUIVALENTS:
             continue
-        op = overload(name)
-        if torch.Tag.nondeterministic_seeded in op.tags or any(
-                str(a.type) == "Optional[Generator]" for a in op._schema.arguments):
+        if name in tagged("nondeterministic_seeded") or any(
+                str(a.type) == "Optional[Generator]" for a in schema_of(name).arguments):
             continue
         chosen.add(name)
     return frozenset(chosen)
@@ -219,7 +239,7 @@ def claim(num_devices: int, memory_limit: int | None, native: Iterable[str],
         _register_python_guard()
     library = torch.library.Library("aten", "IMPL")
     in_cpp = native_route(native) if native_runtime is not None else frozenset()
-    kernels.register(library, frozenset(native) - in_cpp)
+    _register_python_kernels(library, frozenset(native) - in_cpp)
     if in_cpp:
         native_runtime.register_kernels(in_cpp)
     _declare_shallow_copy_compatible(library)

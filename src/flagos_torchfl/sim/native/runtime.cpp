@@ -791,10 +791,11 @@ struct SimKernel final : public c10::OperatorKernel {
       s[base + i] = call.to_host(original[i], written);
     }
     call.check_devices();
-    if (call.keep_cpu && sig.pin_memory >= 0 && call.first >= 0 && s[base + sig.non_blocking].isBool() &&
-        s[base + sig.non_blocking].toBool() && s[base + sig.pin_memory].isNone()) {
-      s[base + sig.pin_memory] = true;  // a non-blocking copy to the host lands in pinned memory
-    }
+    // A non-blocking copy from the device to the host lands in pinned memory, as an
+    // accelerator's does (the CPU kernel pins only copies from a device it runs on).
+    const bool pin = call.keep_cpu && sig.pin_memory >= 0 && call.first >= 0 &&
+                     s[base + sig.non_blocking].isBool() && s[base + sig.non_blocking].toBool() &&
+                     s[base + sig.pin_memory].isNone();
     std::vector<c10::IValue> passed;
     passed.reserve(sig.written.size());
     for (int w : sig.written) passed.push_back(s[base + w]);
@@ -809,6 +810,7 @@ struct SimKernel final : public c10::OperatorKernel {
       const int writer = sig.return_of[j];
       s[first_return + j] = writer >= 0 ? original[writer] : call.to_sim(s[first_return + j]);
     }
+    if (pin && returns == 1 && s.back().isTensor()) s.back() = s.back().toTensor().pin_memory();
   }
 };
 

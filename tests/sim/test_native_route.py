@@ -1,0 +1,64 @@
+"""The native route (``FL_SIM_RUNTIME=native``, with the CUDA-like native set ``device_kernel_ops``): the sim's native operators run through one boxed
+C++ kernel, which promises what the Python kernels promise (:mod:`tests.sim.route_cases`), and the
+device's memory is registered in C++ (the PrivateUse1 allocator, the pinned host allocator)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import flagos_torchfl.sim as fsim
+from flagos_torchfl.sim.native_ops import device_kernel_ops
+from tests.sim.route_cases import *  # noqa: F401,F403  (the shared cases run on this runtime)
+
+pytestmark = [pytest.mark.isolated, pytest.mark.needs_sim]
+
+
+@pytest.fixture(scope="module")
+def sim():
+    module = fsim.install(num_devices=2, native_ops=device_kernel_ops(), runtime="native")
+    assert fsim.runtime_kind() == "native"
+    return module
+
+
+def test_native_operators_have_the_cpp_kernel_and_random_ones_the_python_kernel(sim):
+    dump = torch._C._dispatch_dump("aten::add.Tensor")
+    assert "PrivateUse1" in dump and "runtime.cpp" in dump.split("PrivateUse1", 1)[1].splitlines()[0]
+    random = torch._C._dispatch_dump("aten::normal_")
+    assert "runtime.cpp" not in random.split("PrivateUse1", 1)[1].splitlines()[0]
+
+
+def test_a_non_blocking_copy_to_the_host_is_pinned_and_the_host_cache_empties(sim):
+    host = torch.randn(100, device="sim").to("cpu", non_blocking=True)
+    assert host.is_pinned()
+    torch.accelerator.empty_host_cache()  # killed the process (SIGSEGV) without a host allocator
+    assert host.sum().isfinite()
+    assert not torch.randn(4, device="sim").to("cpu").is_pinned()
+
+
+def test_the_device_allocator_answers_torch_accelerator(sim):
+    x = torch.ones(256, device="sim:0")
+    assert torch._C._accelerator_isAllocatorInitialized()
+    assert torch.accelerator.memory_allocated(0) == sim.memory_allocated(0) >= 1024
+    assert torch.accelerator.memory_stats(0)["allocated_bytes.all.current"] == sim.memory_allocated(0)
+    torch.accelerator.reset_peak_memory_stats(0)
+    assert torch.accelerator.max_memory_allocated(0) == sim.memory_allocated(0)
+    del x
+    torch.accelerator.empty_cache()
+    assert sim.memory_reserved(0) == 0 or sim.memory_reserved(0) >= sim.memory_allocated(0)
+
+
+def test_an_out_of_memory_error_is_torchs(sim):
+    fsim.set_memory_limit(1 << 20)
+    try:
+        with pytest.raises(torch.OutOfMemoryError):
+            torch.ones(1 << 19, device="sim") + 1
+    finally:
+        fsim.set_memory_limit(None)
+
+
+def test_storage_resize_keeps_the_leading_bytes(sim):
+    t = torch.arange(4.0, device="sim")
+    storage = t.untyped_storage()
+    storage.resize_(64)
+    assert storage.nbytes() == 64
+    assert torch.tensor([], device="sim").set_(storage, 0, (4,), (1,)).cpu().tolist() == [0.0, 1.0, 2.0, 3.0]
