@@ -45,7 +45,9 @@
 #define FL_SIM_HAS_CAPABILITY 1
 #endif
 
+#include <algorithm>
 #include <atomic>
+#include <cctype>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -435,11 +437,18 @@ void sim_delete(void* ptr) {
   }
 }
 
+// In a child forked after the devices were used, every use fails as an accelerator's does.
+void check_fork() {
+  if (!g_bad_fork.load()) return;
+  std::string kind = name();
+  for (auto& c : kind) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  TORCH_CHECK(false, "Cannot re-initialize ", kind, " in forked subprocess. To use ", kind,
+              " with multiprocessing, you must use the 'spawn' start method");
+}
+
 // `nbytes` of sim memory of device `device`, as a DataPtr that says `on`.
 c10::DataPtr sim_block(int device, size_t nbytes, c10::Device on) {
-  TORCH_CHECK(!g_bad_fork.load(), "Cannot re-initialize ", c10::str(name()),
-              " in forked subprocess. To use it with multiprocessing, you must use the 'spawn' "
-              "start method");
+  check_fork();
   g_used.store(true);
   AllocateOn host(-1);
   PyGILState_STATE gil = PyGILState_Ensure();
@@ -751,12 +760,6 @@ struct Call {
     }
   }
 };
-
-void check_fork() {
-  TORCH_CHECK(!g_bad_fork.load(), "Cannot re-initialize ", c10::str(name()),
-              " in forked subprocess. To use it with multiprocessing, you must use the 'spawn' "
-              "start method");
-}
 
 void observe(const std::string& op, int64_t ns) {
   AllocateOn host(-1);
