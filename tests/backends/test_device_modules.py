@@ -134,7 +134,8 @@ def test_the_facade_on_the_ascend_profile_answers_from_the_table(tmp_path):
     assert not {"get_arch_list", "is_tf32_supported"} & set(answers)  # queries the facade answers itself
     assert "torch.cuda.list_gpu_processes is not available on ascend: torch.npu of torch-npu 2.13.0 has no " \
            "list_gpu_processes" in answers["list_gpu_processes"]
-    assert "ascend has torch.npu.NPUGraph" in answers["CUDAGraph"]
+    assert "ascend has torch.npu.NPUPluggableAllocator" in answers["CUDAPluggableAllocator"]
+    assert "CUDAGraph" not in answers  # the sim answers as torch.npu.NPUGraph
     assert "utilization" in has_elsewhere
 
 

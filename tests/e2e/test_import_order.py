@@ -30,6 +30,8 @@ HARNESS_NEEDS = ("dcp_state_dict", "device_mesh", "fsdp2")
 CLIENT_ARGS = {"fsdp1_device_id": [], "fsdp2_dcp": ["{out}/ckpt"], "tensor_parallel": []}
 #: the patches that wait for dynamo's modules, in registry order
 DYNAMO_PATCHES = [p.name for p in REGISTRY if (p.waits_for or "").startswith("torch._dynamo.")]
+#: the patches that wait for Inductor's modules (first in the registry), which these clients never import
+INDUCTOR_PATCHES = [p.name for p in REGISTRY if (p.waits_for or "").startswith("torch._inductor.")]
 #: (order, backend) runs of every client; "after" under the launcher is test_distributed_clients' case
 RUNS = [("before", "sim"), ("after", "sim"), ("reactivated", "sim"), ("deactivated", "sim"),
         ("before", "cpu"), ("deactivated", "cpu")]
@@ -93,7 +95,7 @@ def _expected(order: str, dynamo: bool) -> list:
     not imported yet. Whether it is depends on the environment, not on the order: a fresh
     environment's ``import torch`` does not import dynamo (2.1, 2.13 and 2.14 alike), an installed
     ``torch.backends`` plug-in that does makes it imported in every process."""
-    return ([] if dynamo else DYNAMO_PATCHES) + WAITING[order]
+    return INDUCTOR_PATCHES + ([] if dynamo else DYNAMO_PATCHES) + WAITING[order]
 
 
 @pytest.mark.parametrize("client, order, backend", _cases())

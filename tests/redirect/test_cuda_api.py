@@ -137,8 +137,7 @@ def test_nvtx_and_amp_namespaces(cpu_backend):
 
 
 #: unserved names and arguments that fit each one's signature
-UNSERVED_CALLS = {"CUDAGraph": (), "graph": (None,), "make_graphed_callables": (None, None), "utilization": (),
-                  "set_per_process_memory_fraction": (0.5,), "caching_allocator_alloc": (8,)}
+UNSERVED_CALLS = {"utilization": (), "set_per_process_memory_fraction": (0.5,), "caching_allocator_alloc": (8,)}
 
 
 @pytest.mark.parametrize("name", sorted(UNSERVED_CALLS))
@@ -163,8 +162,7 @@ def _real_cuda(name):
     return types.ModuleType.__getattribute__(torch.cuda, name)
 
 
-@pytest.mark.parametrize("name", ["CUDAGraph", "graph", "make_graphed_callables", "utilization",
-                                  "caching_allocator_alloc", "use_mem_pool"])
+@pytest.mark.parametrize("name", ["utilization", "caching_allocator_alloc", "use_mem_pool"])
 def test_stand_ins_introspect_as_what_they_stand_for(cpu_backend, name):
     """dynamo reads ``torch.cuda.use_mem_pool.__wrapped__`` at import (torch 2.14), inspect,
     functools.wraps chains and doc tools read the rest."""

@@ -96,8 +96,10 @@ def test_argument_errors_come_before_feature_errors(cpu_backend):
         torch.cuda.graph()
     with pytest.raises(TypeError):
         torch.cuda.make_graphed_callables()
-    with pytest.raises(UnsupportedFeatureError, match="CUDA graphs"):
-        torch.cuda.graph(None)
+    with pytest.raises(TypeError):
+        torch.cuda.utilization(0, 1, 2)
+    with pytest.raises(UnsupportedFeatureError, match="torch.cuda.utilization"):
+        torch.cuda.utilization()
 
 
 def test_attention_with_every_backend_disabled_is_refused_as_plain_torch_refuses(cpu_backend):

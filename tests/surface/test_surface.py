@@ -120,8 +120,9 @@ def test_an_unknown_backend_kind_is_refused():
 
 def test_a_profile_refusal_names_the_chips_counterpart(surface):
     rows = {r.entry.name: r.verdict for r in table.load().classify(surface, "ascend")}
-    assert rows["torch.cuda.CUDAGraph"].verdict == "refused"
-    assert rows["torch.cuda.CUDAGraph"].counterpart == "torch.npu.NPUGraph"
+    assert rows["torch.cuda.CUDAPluggableAllocator"].verdict == "refused"
+    assert rows["torch.cuda.CUDAPluggableAllocator"].counterpart == "torch.npu.NPUPluggableAllocator"
+    assert rows["torch.cuda.CUDAGraph"].verdict == "answered"
     assert rows["torch.cuda.caching_allocator_alloc"].verdict == "answered"
 
 

@@ -18,7 +18,7 @@ def test_it_lists_every_entry_with_its_verdict(capsys):
     lines = {line.split()[0]: line.split()[1:3] for line in out.splitlines()[1:] if line.strip() and "entries on" not in line}
     assert lines["torch.cuda.set_device"][:1] == ["answered"]
     assert lines["torch.Tensor.to"] == ["redirected", "tensor_to"]
-    assert lines["torch.cuda.CUDAGraph"][0] == "refused"
+    assert lines["torch.cuda.CUDAGraph"][0] == "answered"
     assert f"entries on cpu (torch {torch.__version__})" in out
 
 
@@ -27,8 +27,8 @@ def test_json_holds_the_counts_and_every_entry(capsys):
     data = json.loads(capsys.readouterr().out)
     assert data["backend"] == "ascend" and data["unclassified"] == []
     assert sum(data["counts"].values()) == len(data["entries"])
-    graph = next(e for e in data["entries"] if e["name"] == "torch.cuda.CUDAGraph")
-    assert graph["verdict"] == "refused" and graph["counterpart"] == "torch.npu.NPUGraph"
+    allocator = next(e for e in data["entries"] if e["name"] == "torch.cuda.CUDAPluggableAllocator")
+    assert allocator["verdict"] == "refused" and allocator["counterpart"] == "torch.npu.NPUPluggableAllocator"
 
 
 def test_unclassified_entries_fail_the_command_by_name(capsys, monkeypatch):
