@@ -48,7 +48,7 @@ def test_cpu_target_has_no_indices():
     t = Target(get_backend("cpu"), (0, 1))
     assert t.translate("cuda:1") == torch.device("cpu")
     assert t.translate("cuda") == torch.device("cpu")
-    assert not t.remaps and not t.native
+    assert not t.remaps and not t.cuda_itself
 
 
 @pytest.mark.parametrize("bad", ["cuda:2", torch.device("cuda", 5), 7, -1])

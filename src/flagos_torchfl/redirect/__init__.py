@@ -47,7 +47,7 @@ _active: Optional[Tuple[Tuple[Any, ...], Patcher, List[str], List[str]]] = None
 def patches_for(target: Target) -> List[Patch]:
     """The registered patches ``target`` needs, in order: all of them off CUDA; on a CUDA
     backend none, or (when ``gpu_ids`` renumbers devices) those that carry device numbers."""
-    if not target.native:
+    if not target.cuda_itself:
         return list(REGISTRY)
     return [p for p in REGISTRY if p.on_cuda] if target.remaps else []
 

@@ -73,7 +73,7 @@ def patch_grad_scaler(target: Target, patcher: Patcher) -> None:
 
 
 def _patch_cuda_only_grad_scaler(target: Target, patcher: Patcher) -> None:
-    if target.native:
+    if target.cuda_itself:
         return
     scaler = torch.cuda.amp.GradScaler
     own = getattr(getattr(target.module, "amp", None), "GradScaler", None)

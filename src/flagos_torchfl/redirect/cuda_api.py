@@ -124,7 +124,7 @@ def patch_stream_event_devices(target: Target, patcher: Patcher) -> None:
     """``torch.Stream(device="cuda")`` and ``torch.Event(device="cuda:0")``: a stream or event
     of the backend's device (on the cpu backend, whose device module has no events, the host's
     inline ones that ``torch.cuda.Stream`` / ``torch.cuda.Event`` make)."""
-    if not compat.has("stream_event") or target.native and not target.remaps:
+    if not compat.has("stream_event") or target.cuda_itself and not target.remaps:
         return
     facade = _active["facade"]
     inline = facade.inline_streams() if facade is not None else None

@@ -151,7 +151,7 @@ class CudaFacade:
         found = self._table.get(name, PASS)
         if found is not PASS:
             return found
-        if self.t.native or (name.startswith("_") and name not in DENIED_PRIVATE):
+        if self.t.cuda_itself or (name.startswith("_") and name not in DENIED_PRIVATE):
             return PASS
         try:
             real = types.ModuleType.__getattribute__(self._cuda, name)
@@ -216,7 +216,7 @@ class CudaFacade:
             "get_rng_state": f.get_rng_state, "set_rng_state": f.set_rng_state,
             "get_rng_state_all": f.get_rng_state_all, "set_rng_state_all": f.set_rng_state_all,
         }
-        if self.t.native:
+        if self.t.cuda_itself:
             return table
         # the real submodules' names (while the facade is active torch.cuda.memory is its namespace)
         memory_names = [n for n in importlib.import_module("torch.cuda.memory").__all__ if n in table]
@@ -328,7 +328,7 @@ class CudaFacade:
         module has none, the probe's name and memory. On a CUDA backend, CUDA's own."""
         logical = self.t.logical_index(device)
         getter = self._mod("get_device_properties")
-        if self.t.native:
+        if self.t.cuda_itself:
             return getter(self.t.physical(logical))
         capability = self.get_device_capability(logical)
         if getter is not None:
@@ -344,7 +344,7 @@ class CudaFacade:
         path the chip runs. A vendor module's own answer is not passed on: torch_npu answers
         None, torch_mlu its architecture's (3, x), which CUDA code reads as a Kepler GPU. On a
         CUDA backend, CUDA's own."""
-        if self.t.native:
+        if self.t.cuda_itself:
             return tuple(self._mod("get_device_capability")(self._phys(device)))
         self.t.logical_index(device)
         return tuple(self.t.chip.cuda_capability(self.is_bf16_supported()))

@@ -34,7 +34,7 @@ class Target:
     selected devices and the device module ``torch.cuda`` is answered by (the chip's own unless
     ``module`` is given).
 
-    ``native`` is True when the chip's device type is ``cuda`` itself (NVIDIA, ROCm): then
+    ``cuda_itself`` is True when the chip's device type is ``cuda`` itself (NVIDIA, ROCm): then
     only logical-to-physical renumbering (``gpu_ids``) can be needed.
     """
 
@@ -60,7 +60,7 @@ class Target:
         self.device_names = tuple(device_names)
         self.device_memory = tuple(device_memory)
         self.cuda_kernel_packages = tuple(cuda_kernel_packages)
-        self.native = chip.device_type == "cuda"
+        self.cuda_itself = chip.device_type == "cuda"
         self.remaps = self.devices != tuple(range(len(self.devices)))
         self._tls = threading.local()
         self._by_logical = tuple(chip.torch_device(i) for i in self.devices)
@@ -142,7 +142,7 @@ class Target:
         the chip's own API (``torch.npu.set_device``, ``torch.accelerator.set_device_index``, the
         ``set_device`` that ``DeviceMesh`` calls on ``torch.<device type>``) is current for
         ``torch.cuda`` too. Otherwise ``(None, None)``."""
-        if self.native or self.remaps or self._by_logical[0].index is None:
+        if self.cuda_itself or self.remaps or self._by_logical[0].index is None:
             return None, None
         started = getattr(self.module, "is_initialized", None)
         current = getattr(self.module, "current_device", None)
