@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import flagos_torchfl as ft
-from flagos_torchfl.backends import bounded_calls as probe_tools
+from flagos_torchfl.machine import bounded_calls as probe_tools
 from tests.helpers import no_activation, prepend_path, run_python  # noqa: F401
 
 pytestmark = pytest.mark.usefixtures("no_activation")

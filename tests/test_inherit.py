@@ -10,7 +10,7 @@ import textwrap
 import pytest
 
 import flagos_torchfl as ft
-from flagos_torchfl.backends import visible
+from flagos_torchfl.machine import visible
 from tests.helpers import ROOT, clean_env, no_activation, prepend_path, run_python  # noqa: F401
 
 pytestmark = pytest.mark.usefixtures("no_activation")

@@ -14,11 +14,13 @@ SRC = ROOT / "src" / "flagos_torchfl"
 ALLOWED = {
     "aten": set(),
     "sim": {"aten"},
-    "backends": {"aten", "sim", "entry_points"},
-    "routing": {"aten", "backends", "entry_points"},
-    "redirect": {"backends"},
+    "machine": {"sim"},
+    "tables": {"aten", "sim"},
+    "backends": {"aten", "sim", "entry_points", "machine", "tables"},
+    "routing": {"aten", "backends", "entry_points", "tables"},
+    "redirect": {"backends", "machine", "tables"},
     "k8s": {"backends"},
-    "surface": {"backends", "sim"},
+    "surface": {"backends", "sim", "machine"},
 }
 BASE = {"errors", "log", "variables", "config", "compat", "autoload", "atomic_file", "inline", "optimizer_steps",
         "data_files", "selection_view"}
@@ -53,6 +55,7 @@ LAYERS = (
               "active", "config", "log", "variables", "atomic_file", "checkpoint_files"}),
     ("operators", {"aten"}),
     ("simulated device", {"sim"}),
+    ("what chips need of the machine, the vendors' tables", {"machine", "tables"}),
     ("chips", {"backends"}),
     ("layers over the chips", {"redirect", "routing", "k8s", "surface"}),
     ("settings applied at activation", {"precision", "memory", "checkpoint"}),

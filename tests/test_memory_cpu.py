@@ -9,7 +9,7 @@ import torch
 
 import flagos_torchfl as ft
 from flagos_torchfl import compat
-from flagos_torchfl.backends.host import process_memory
+from flagos_torchfl.machine.host import process_memory
 
 MIB = 1 << 20
 

@@ -133,7 +133,7 @@ def test_settings_go_through_the_vendor_module(tmp_path, backend, module, device
 ])
 def test_expandable_segments_join_the_variable_torch_reads(environ, expected):
     from flagos_torchfl.backends.cuda import CudaBackend
-    from flagos_torchfl.backends.memory import add_allocator_option
+    from flagos_torchfl.machine.pools import add_allocator_option
     from flagos_torchfl.compat import parse_version
 
     if parse_version(torch.__version__)[:2] < (2, 9):

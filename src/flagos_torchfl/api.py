@@ -31,7 +31,7 @@ _assigned: dict = {}
 
 
 def _activate_chip(selection: Selection) -> Optional[Callable[[], None]]:
-    from .backends import activation
+    from .machine import activation
 
     return activation.activate(selection.chip, selection)
 

@@ -12,7 +12,7 @@ import dataclasses
 from typing import Any, Callable, List, Optional
 
 from . import active, optimizer_steps, variables
-from .backends.memory import NotApplied
+from .machine.pools import NotApplied
 from .config import format_bytes
 from .log import get_logger
 from .selection_view import SelectionView

@@ -1,4 +1,4 @@
-"""NVIDIA's environment variables reaching a chip's own (``backends/environment.py``, the table
+"""NVIDIA's environment variables reaching a chip's own (``machine/environment.py``, the table
 ``data/cuda_environment.json``): the user's own value wins, values are converted where the units
 differ, a value the chip cannot take is left alone with a warning, a child re-translates what its
 parent set from its own value, and the undo restores the environment exactly."""
@@ -10,7 +10,8 @@ from importlib import resources
 
 import pytest
 
-from flagos_torchfl.backends import environment, registry
+from flagos_torchfl.backends import registry
+from flagos_torchfl.machine import environment
 from flagos_torchfl.backends import registry
 
 

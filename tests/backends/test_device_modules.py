@@ -14,7 +14,8 @@ import textwrap
 import pytest
 import torch
 
-from flagos_torchfl.backends import device_modules, registry
+from flagos_torchfl.backends import registry
+from flagos_torchfl.tables import device_modules
 from tests.helpers import ROOT, prepend_path, run_python
 from tests.wheels import read_member, wheel
 

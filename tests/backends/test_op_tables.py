@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from flagos_torchfl.backends import op_tables
+from flagos_torchfl.tables import op_tables
 from flagos_torchfl.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -148,7 +148,7 @@ def test_dynamo_reading_torch_cuda_s_functions_is_no_use_by_the_program(ascend):
     program's uses in the verdict."""
     import torch._dynamo.trace_rules as rules
 
-    from flagos_torchfl.backends.device_modules import missing_uses
+    from flagos_torchfl.tables.device_modules import missing_uses
 
     rules.get_torch_obj_rule_map.cache_clear()  # (built already if dynamo loaded before activation)
     rules.get_torch_obj_rule_map()

@@ -8,10 +8,11 @@ import pytest
 import torch
 
 from flagos_torchfl.aten import dispatcher
-from flagos_torchfl.backends import chip_models, get_backend, op_tables
+from flagos_torchfl.backends import get_backend
+from flagos_torchfl.tables import chip_models, op_tables
 from flagos_torchfl.backends import registry
 from flagos_torchfl.backends.profile import ProfileBackend
-from flagos_torchfl.backends.profile_specs import known_table_ops, native_set, profiles
+from flagos_torchfl.tables.profile_specs import known_table_ops, native_set, profiles
 from flagos_torchfl.errors import ConfigError
 from flagos_torchfl.routing import budget, plan
 from flagos_torchfl.routing.gaps import resolve_gaps

@@ -14,7 +14,7 @@ import sys, torch
 import flagos_torchfl as ft
 from torch.optim.optimizer import register_optimizer_step_post_hook
 from flagos_torchfl import compat
-from flagos_torchfl.backends.host import process_memory
+from flagos_torchfl.machine.host import process_memory
 
 order = sys.argv[1]
 seen = []

@@ -77,7 +77,7 @@ def test_streams_and_events(cpu_backend):
 
 
 def test_memory_queries(cpu_backend):
-    from flagos_torchfl.backends.host import process_memory
+    from flagos_torchfl.machine.host import process_memory
 
     cuda = torch.cuda
     for fn in (cuda.memory_allocated, cuda.memory_reserved, cuda.memory_cached):
@@ -294,7 +294,7 @@ def test_the_uses_of_missing_names_belong_to_one_activation():
     code = textwrap.dedent("""
         import json, torch
         import flagos_torchfl as ft
-        from flagos_torchfl.backends.device_modules import missing_uses
+        from flagos_torchfl.tables.device_modules import missing_uses
 
         def use():
             try:

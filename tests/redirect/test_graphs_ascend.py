@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from flagos_torchfl.backends.device_modules import missing_uses
+from flagos_torchfl.tables.device_modules import missing_uses
 from tests.redirect.graph_cases import *  # noqa: F401,F403 - the cases and their fixture
 
 pytestmark = [pytest.mark.isolated, pytest.mark.needs_sim]

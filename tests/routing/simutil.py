@@ -12,7 +12,7 @@ from tests.e2e.conformance.harness import small_native_ops
 def start_sim(env: Optional[Mapping[str, str]] = None, backend: str = "sim"):
     """Set ``env``, install the sim and activate routing; returns (router, undo)."""
     from flagos_torchfl import routing
-    from flagos_torchfl.backends import activation
+    from flagos_torchfl.machine import activation
     from flagos_torchfl.selection import build_selection
 
     os.environ.update(env or {})

@@ -18,7 +18,7 @@ def vendor_fallback(op, *args, **kwargs):
 @pytest.fixture(scope="module")
 def router():
     from flagos_torchfl import routing, sim
-    from flagos_torchfl.backends import activation
+    from flagos_torchfl.machine import activation
     from flagos_torchfl.selection import build_selection
 
     selection = build_selection("sim", {})

@@ -13,10 +13,10 @@ import sys
 from types import MappingProxyType
 from typing import Any, Callable, FrozenSet, List, Mapping, Optional, Tuple
 
-from . import environment as _environment
-from . import memory as _memory
-from . import probing as _probing
-from .probing import DeviceInfo, ProbeResult, Unavailable
+from ..machine import environment as _environment
+from ..machine import pools as _memory
+from ..machine import probing as _probing
+from ..machine.probing import DeviceInfo, ProbeResult, Unavailable
 from ..selection_view import SelectionView
 
 __all__ = ["Backend", "DeviceInfo", "KubernetesDevices", "ProbeResult", "Unavailable"]
@@ -210,7 +210,7 @@ class Backend:
         """The public names of the chip's device module as the vendor ships it
         (:class:`~.device_modules.DeviceModuleTable`, ``data/device_modules/<name>.json``), or
         None where no table is shipped."""
-        from . import device_modules
+        from ..tables import device_modules
 
         return device_modules.load(self.name)
 

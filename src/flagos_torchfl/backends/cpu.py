@@ -22,8 +22,8 @@ from ..config import format_bytes
 from ..errors import ConfigError
 from ..log import get_logger
 from .base import Backend, DeviceInfo
-from .host import HostRuntime, cpu_name, host_memory, process_memory
-from .memory import NotApplied, PoolFigures
+from ..machine.host import HostRuntime, cpu_name, host_memory, process_memory
+from ..machine.pools import NotApplied, PoolFigures
 from ..selection_view import SelectionView
 
 log = get_logger("backends")

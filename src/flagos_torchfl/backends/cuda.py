@@ -6,7 +6,7 @@ import shutil
 from types import MappingProxyType
 
 from .base import Backend, KubernetesDevices, Unavailable
-from .memory import TORCH_ALLOCATOR_VARIABLES
+from ..machine.pools import TORCH_ALLOCATOR_VARIABLES
 
 
 def nvidia_driver_present() -> bool:

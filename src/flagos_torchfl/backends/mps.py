@@ -6,7 +6,7 @@ import platform
 import sys
 
 from .base import Backend, DeviceInfo, Unavailable
-from .memory import DEVICE_POOL, NotApplied, PoolFigures
+from ..machine.pools import DEVICE_POOL, NotApplied, PoolFigures
 from ..selection_view import SelectionView
 
 

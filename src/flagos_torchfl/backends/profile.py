@@ -28,9 +28,9 @@ from typing import Dict, List, Mapping, Optional, Tuple
 
 from .. import variables
 from ..errors import ConfigError
-from . import chip_models, op_tables
-from .profile_specs import native_set, rename_problem
-from . import visible as _visible
+from ..tables import chip_models, op_tables
+from ..tables.profile_specs import native_set, rename_problem
+from ..machine import visible as _visible
 from .base import Backend, DeviceInfo, ProbeResult
 from .cpu import logical_device_count
 from .sim import SimBackend

@@ -9,14 +9,14 @@ from typing import Any, Dict, List, Mapping, Union
 from ..errors import ConfigError, UnknownBackendError
 from .ascend import AscendBackend
 from .base import Backend
-from . import chip_models
+from ..tables import chip_models
 from .cambricon import CambriconBackend
 from .cpu import CpuBackend
 from .cuda import CudaBackend
 from .mps import MpsBackend
 from .mthreads import MThreadsBackend
 from .profile import ProfileBackend
-from .profile_specs import check_profile
+from ..tables.profile_specs import check_profile
 from .rocm import RocmBackend
 from .sim import SimBackend
 from .xpu import XpuBackend

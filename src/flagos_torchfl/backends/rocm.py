@@ -5,7 +5,7 @@ import os
 import shutil
 
 from .base import Backend, KubernetesDevices, Unavailable
-from .memory import TORCH_ALLOCATOR_VARIABLES
+from ..machine.pools import TORCH_ALLOCATOR_VARIABLES
 
 
 class RocmBackend(Backend):

@@ -86,7 +86,7 @@ class SimBackend(Backend):
         runtime = variables.read("FL_SIM_RUNTIME", environ)
         native = None
         if profile is not None:
-            from .profile_specs import check_profile, native_set
+            from ..tables.profile_specs import check_profile, native_set
 
             profile = check_profile(profile.strip().lower())  # a chip, or chip:model
             if spec is not None:

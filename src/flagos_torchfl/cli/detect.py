@@ -7,7 +7,7 @@ from typing import Optional
 
 from .. import autoload, compat
 from ..backends import registry
-from ..backends.bounded_calls import probe_timeout, query_drivers
+from ..machine.bounded_calls import probe_timeout, query_drivers
 from ..config import format_bytes
 from ..routing.plan import category_summary
 from ..selection import would_pick
@@ -45,8 +45,9 @@ def collect() -> dict:
 def sim_profiles() -> list:
     """One row per sim profile (``FL_SIM_PROFILE``): the chip's table and the traits it brings,
     and whether the simulated device can take the chip's device type name in this process."""
-    from ..backends import chip_models, registry
-    from ..backends.profile_specs import native_set, profiles
+    from ..backends import registry
+    from ..tables import chip_models
+    from ..tables.profile_specs import native_set, profiles
 
     rows = []
     for name in profiles():

@@ -78,7 +78,7 @@ def cuda_environment(environ: Mapping[str, str]) -> List[str]:
     """Per chip with a table (``Backend.cuda_environment``), what activating it would set:
     ``ascend: NCCL_SOCKET_IFNAME=lo -> HCCL_SOCKET_IFNAME=lo``; a value the chip's variable
     cannot take is shown as not translated."""
-    from ..backends import environment as translation
+    from ..machine import environment as translation
 
     found = []
     for backend in registry().backends():

@@ -56,7 +56,7 @@ def run(args) -> int:
             return _diff(args)
         if args.profile:
             from ..backends import registry
-            from ..backends.profile_specs import check_profile, native_set
+            from ..tables.profile_specs import check_profile, native_set
 
             backend = registry().profile(check_profile(args.profile.strip().lower(), "--profile"))
             native = native_set(backend.profile)
@@ -110,7 +110,7 @@ def _operator_table(name: str):
     import torch
 
     from ..aten.dispatcher import native_set
-    from ..backends.profile_specs import known_table_ops, profiles
+    from ..tables.profile_specs import known_table_ops, profiles
     from ..errors import ConfigError
     from ..routing import plan
 
@@ -118,7 +118,7 @@ def _operator_table(name: str):
 
     key = name.strip().lower()
     if key in profiles():
-        from ..backends import op_tables
+        from ..tables import op_tables
 
         source = op_tables.load(key).source
         origin = f"{source.get('package') or source.get('repository')} {source.get('version') or source.get('ref')}"

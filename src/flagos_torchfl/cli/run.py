@@ -185,7 +185,7 @@ def validate_profile(value: Optional[str], backends: Optional[List[str]]) -> Opt
     unknown one (naming the valid ones) or beside a ``--backend`` other than sim."""
     if value is None:
         return None
-    from ..backends.profile_specs import check_profile
+    from ..tables.profile_specs import check_profile
 
     if backends not in (None, ["sim"]):
         raise UsageError(f"--profile runs the program on the sim; it cannot be combined with "

@@ -13,7 +13,7 @@ giving the module its class back). Rules for ``torch.cuda.<name>``:
   unserved stand-in (:mod:`.standins`) that raises on use, naming the attribute and the backend.
 
 The answers come from the chip's device module (for the CPU the host runtime of
-:mod:`flagos_torchfl.backends.host`: streams run work inline, events record host time, memory
+:mod:`flagos_torchfl.machine.host`: streams run work inline, events record host time, memory
 counters give the process's resident memory, ``mem_get_info`` reads host memory, ``torch.cuda.manual_seed`` seeds the CPU
 generator). The CUDA RNG stream itself is not reproduced on another chip: a seeded script is
 deterministic on each backend, with numbers of that backend's generator.
@@ -32,7 +32,7 @@ from typing import Any, Dict
 import torch
 
 from .. import compat
-from ..backends.device_modules import missing_uses
+from ..tables.device_modules import missing_uses
 from .cuda_facade import LEGACY_TYPES, PASS, CudaFacade
 from .devices import Target
 from .patches import Patcher, patch_function

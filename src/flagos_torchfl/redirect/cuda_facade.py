@@ -20,9 +20,9 @@ from typing import Any, Callable, Dict, Iterable
 import torch
 
 from .. import compat
-from ..backends.device_modules import missing_uses
-from ..backends.host import DeviceProperties, HostRuntime
-from ..backends.memory import real
+from ..tables.device_modules import missing_uses
+from ..machine.host import DeviceProperties, HostRuntime
+from ..machine.pools import real
 from ..errors import suggestion
 from .devices import Target
 from .standins import DENIED_PRIVATE, Namespace, alias_class, unserved
@@ -171,7 +171,7 @@ class CudaFacade:
         """The stand-in for a name the backend's module cannot answer. Where the chip's device
         module table (``Backend.device_module_table``) lacks the name and its counterpart, the
         error names the chip and its module, and each use is counted for the verdict
-        (:data:`~flagos_torchfl.backends.device_modules.missing_uses`); where the chip has it
+        (:data:`~flagos_torchfl.tables.device_modules.missing_uses`); where the chip has it
         but this backend's module does not (a sim profile), the error says so. The stand-in
         carries ``real``'s introspection (the ``torch.cuda`` object it stands for)."""
         table = self.t.chip.device_module_table()
@@ -406,7 +406,7 @@ class CudaFacade:
     # -------------------------------------------------------------- streams and events
     def _streams(self) -> Any:
         """What answers the stream functions: the device module, or inline host streams
-        (:class:`~flagos_torchfl.backends.host.HostRuntime`) where the module has none."""
+        (:class:`~flagos_torchfl.machine.host.HostRuntime`) where the module has none."""
         has_streams = self._mod("Stream") is not None and self._mod("Event") is not None
         return self.t.module if has_streams else _INLINE_STREAMS  # torch 2.1's torch.cpu: no Event
 

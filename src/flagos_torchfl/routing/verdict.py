@@ -120,7 +120,7 @@ def cuda_api_missing(chip) -> Optional[dict]:
     """The ``torch.cuda`` names the program used that the chip's device module lacks (each use
     raised ``UnsupportedFeatureError``): ``{"chip", "module", "origin", "names": [{"name",
     "uses"}]}``; None where the chip has no device-module table."""
-    from ..backends.device_modules import missing_uses
+    from ..tables.device_modules import missing_uses
 
     table = chip.device_module_table()
     if table is None:

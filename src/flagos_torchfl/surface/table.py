@@ -175,7 +175,7 @@ class _Chip:
         from ..backends import get_backend, registry
 
         if kind == "cpu":
-            from ..backends.host import HostRuntime
+            from ..machine.host import HostRuntime
 
             names = frozenset(n for n in dir(HostRuntime) if not n.startswith("_"))
             return _Chip(kind, "cpu", names, "the host runtime", {}, None)

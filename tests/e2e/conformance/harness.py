@@ -244,7 +244,7 @@ def start_sim(native: str):
     elif native != "core":
         raise ValueError(f"native set {native!r}: use 'core' or 'small'")
     from flagos_torchfl import routing
-    from flagos_torchfl.backends import activation
+    from flagos_torchfl.machine import activation
     from flagos_torchfl.selection import build_selection
 
     selection = build_selection("sim", {})

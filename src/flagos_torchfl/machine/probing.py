@@ -1,5 +1,5 @@
 """The probe procedure: how one backend is found to run here or not, from the steps its
-:class:`~.base.Backend` answers (the host check, the plugin and runtime, the devices, the
+:class:`~flagos_torchfl.backends.base.Backend` answers (the host check, the plugin and runtime, the devices, the
 driver). Every step is bounded (:mod:`.bounded_calls`), and nothing raises: a failure is a reason."""
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import Any, List, Optional, Tuple
 
 from .. import autoload
 from ..log import get_logger
-from . import memory as _memory
+from . import pools as _memory
 from . import bounded_calls as _calls
 from . import visible as _visible
 

@@ -1,5 +1,5 @@
 """What names a sim profile and what it runs natively: the tables' side of the profiles
-(:mod:`.profile`), which the sim's options read (``FL_SIM_PROFILE``), the command line lists and
+(:mod:`flagos_torchfl.backends.profile`), which the sim's options read (``FL_SIM_PROFILE``), the command line lists and
 the registry resolves (:meth:`~.registry.Registry.profile`)."""
 from __future__ import annotations
 

@@ -3,7 +3,7 @@
 ``set_per_process_memory_fraction``, and the allocator setting read when the runtime starts.
 
 The functions take the device module (``torch.cuda``, ``torch.npu``, ``torch.sim``, the host
-runtime) and physical device indices; :class:`~.base.Backend` methods call them for their chip.
+runtime) and physical device indices; :class:`~flagos_torchfl.backends.base.Backend` methods call them for their chip.
 """
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Activating a chip: its variables set before its runtime reads them, its vendor plugin
-imported and checked, then what its :class:`~.base.Backend` needs at start (``start``). Each
+imported and checked, then what its :class:`~flagos_torchfl.backends.base.Backend` needs at start (``start``). Each
 step's undo is kept; a failure undoes what was done."""
 from __future__ import annotations
 
