@@ -41,9 +41,9 @@ FULL_ONLY = {
     "test_inherit.py": "children of activated programs",
     "test_memory_vendor.py": "fake vendor plug-ins in fresh interpreters",
     "test_startup_modules.py": "fresh interpreters' module lists",
-    "backends/test_device_modules.py": "the real vendor wheels, installed into folders of their own",
+    "tables/test_device_modules.py": "the real vendor wheels, installed into folders of their own",
     "backends/test_new_chip.py": "a third-party chip installed and launched",
-    "backends/test_probe_hang.py": "query tools and plug-ins that hang",
+    "machine/test_probe_hang.py": "query tools and plug-ins that hang",
     "backends/test_profile_queries.py": "a fresh interpreter per profile",
     "cli/test_cli.py": "the command line as a program",
     "cli/test_launcher_children.py": "the launcher's child processes",
@@ -68,7 +68,7 @@ TIER = "FL_TEST_TIER"
 
 #: what needs the sim device throughout (paths under tests/, a folder or a module; its own floor:
 #: compat.SIM_MIN_TORCH)
-SIM_SUITES = ("sim", "e2e/conformance", "backends/test_op_tables.py", "backends/test_profiles.py",
+SIM_SUITES = ("sim", "e2e/conformance", "tables/test_op_tables.py", "backends/test_profiles.py",
               "backends/test_profile_ascend.py", "backends/test_profile_ascend_910a.py",
               "backends/test_profile_queries.py", "backends/test_profile_rename_refused.py",
               "e2e/test_profile_models.py", "e2e/test_fallback_budget.py")
