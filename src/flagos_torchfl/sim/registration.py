@@ -15,7 +15,7 @@ from .. import compat
 from ..aten.dispatcher import has_backend_fallback, schema_of, tagged
 from ..errors import BackendUnavailableError, PrivateUse1ClaimedError
 from . import device as device_module
-from . import inductor, kernels, runtime, tensors, torch_patches
+from . import inductor, kernels, runtime, sparse, tensors, torch_patches
 from . import native as native_module
 
 logger = logging.getLogger("flagos_torchfl.sim")
@@ -242,6 +242,7 @@ def claim(num_devices: int, memory_limit: int | None, native: Iterable[str],
     _register_python_kernels(library, frozenset(native) - in_cpp)
     if in_cpp:
         native_runtime.register_kernels(in_cpp)
+    sparse.register(library)
     _declare_shallow_copy_compatible(library)
     _ask_attention_choice(library)
     _keep_alive.extend([library, _autocast_fallthrough()])
