@@ -5,7 +5,7 @@ the native route: the device's allocators and one boxed C++ kernel for the nativ
 which runs each operator's CPU kernel on the sim tensors' memory without entering Python.
 
 It is built at first use with the machine's C++ compiler (``$CXX``, else ``c++``, ``g++`` or
-``clang++`` on ``PATH``) against the installed torch's headers, in about five seconds, and kept in a
+``clang++`` on ``PATH``) against the installed torch's and Python's headers, in about thirty seconds, and kept in a
 cache folder keyed by the source, the torch build and the compiler (``$XDG_CACHE_HOME``, else
 ``~/.cache``, under ``flagos_torchfl/sim-native``; a temporary folder where that is not writable).
 Processes that start at once build it once: the build holds a file lock and the result appears by
@@ -155,6 +155,10 @@ def load(cache_dir: Optional[Path] = None, timeout: float = BUILD_TIMEOUT) -> Na
     folder = (cache_dir or default_cache_dir()) / build_key(compiler, torch_dir, torch.__version__)
     library = folder / LIBRARY_NAME
     if not library.exists():
+        headers = Path(sysconfig.get_paths()["include"]) / "Python.h"
+        if not headers.exists():
+            raise NativeUnavailable(f"Python's C headers are not installed ({headers} is missing; install the "
+                                    "python3-dev package or its equivalent)")
         _build_locked(compiler, torch_dir, folder, library, timeout)
     try:
         lib = ctypes.CDLL(str(library))
