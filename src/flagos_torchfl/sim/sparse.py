@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 import torch
 
-from ..aten.dispatcher import overload
+from ..aten.dispatcher import overload, with_kernel
 from . import runtime
 
 #: the sim's sparse dispatch keys and the CPU keys whose kernels serve them
@@ -25,8 +25,7 @@ _NUMBERS = (bool, int, float, complex)
 
 def overloads(cpu_key: str) -> list[str]:
     """The ``aten`` overloads with a kernel of their own on ``cpu_key``, sorted."""
-    return sorted(n for n in torch._C._dispatch_get_all_op_names()
-                  if n.startswith("aten::") and torch._C._dispatch_has_kernel_for_dispatch_key(n, cpu_key))
+    return sorted(with_kernel(cpu_key))
 
 
 def _to(value: Any, device: torch.device | None) -> Any:
