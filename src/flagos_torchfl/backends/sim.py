@@ -116,11 +116,21 @@ class SimBackend(Backend):
         return True
 
     def observe_native_calls(self, observer):
-        """The sim times every native kernel call on the host."""
-        from ..sim import kernels
+        """The sim times every native kernel call on the host: its Python kernels and, with the
+        native runtime, its C++ ones."""
+        from ..sim import kernels, runtime
 
+        native = runtime.native()
         kernels.set_observer(observer)
-        return lambda: kernels.set_observer(None)
+        if native is not None:
+            native.set_observer(observer)
+
+        def stop() -> None:
+            kernels.set_observer(None)
+            if native is not None:
+                native.set_observer(None)
+
+        return stop
 
     def native_ops(self, options: Mapping[str, Any]) -> FrozenSet[str]:
         """The installed sim's set; before installation the set ``options`` describe."""
