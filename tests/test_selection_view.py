@@ -26,7 +26,7 @@ def undeclared(source: str) -> list:
     return sorted((line, member) for line, member in reads(source) if member not in MEMBERS)
 
 
-@pytest.mark.parametrize("backend", ["cpu", "sim"])
+@pytest.mark.parametrize("backend", ["cpu", pytest.param("sim", marks=pytest.mark.needs_sim)])
 def test_a_selection_is_a_view(backend):
     assert isinstance(build_selection(backend, environ={}), SelectionView)
 

@@ -7,6 +7,7 @@ its sim profile (``PROFILE``, None: none); the sim's modules run in fresh interp
 from __future__ import annotations
 
 import copy
+import importlib.util
 import os
 import threading
 
@@ -239,4 +240,6 @@ def test_reduce_overhead_compiles_and_runs_as_eager(accel):
     for _ in range(3):
         out = compiled(x)
     assert torch.allclose(out, expected, atol=1e-5)
-    assert counters["inductor"]["cudagraph_skips"] > skips
+    if importlib.util.find_spec("torch._inductor.cudagraph_utils") is not None:
+        # (torch 2.1's Inductor has neither the module nor the counter: it skips without counting)
+        assert counters["inductor"]["cudagraph_skips"] > skips
