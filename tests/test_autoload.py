@@ -191,7 +191,10 @@ def test_ctrl_c_during_the_probe_kills_the_probe(tmp_path):
     """)
     code = textwrap.dedent(GUARD) + "guard.guard(dict(os.environ))\n"
     env = clean_env(prepend_path({"FL_PROBE_TIMEOUT": "900"}, "PYTHONPATH", tmp_path))
-    proc = subprocess.Popen([sys.executable, "-c", code], env=env, stderr=subprocess.PIPE, text=True)
+    # Ctrl-C in a terminal: SIGINT at its default, whatever this process inherited (a shell's
+    # background job, as CI may run the suite, ignores SIGINT, and Python keeps an ignored SIGINT)
+    proc = subprocess.Popen([sys.executable, "-c", code], env=env, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     probe = None
     try:
         deadline = time.monotonic() + 120
