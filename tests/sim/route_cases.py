@@ -100,3 +100,14 @@ def test_a_zero_dim_cpu_out_is_refused_as_a_device_refuses_it(sim):
     t = torch.tensor([0.0, 1.0, 2.0], device="sim")
     with pytest.raises(RuntimeError, match="device"):
         torch.nonzero(t, out=torch.empty([], dtype=torch.long))
+
+
+def test_a_view_in_inference_mode_of_a_tensor_made_outside_it(sim):
+    """Ultralytics' validation indexes a model's buffer under ``torch.inference_mode()``: the view
+    is a normal tensor sharing its base's version counter, as on the CPU."""
+    base = torch.tensor([8.0, 16.0, 32.0], device="sim")
+    with torch.inference_mode():
+        view = base[1]
+        made = torch.ones(2, device="sim")
+    assert view.item() == 16.0 and not view.is_inference() and view._version == base._version
+    assert made[0].is_inference() == made.is_inference()

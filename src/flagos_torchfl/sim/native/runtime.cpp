@@ -588,6 +588,17 @@ at::Tensor tensor_on(c10::Storage storage, c10::DispatchKey key, const at::Tenso
   return at::Tensor(std::move(impl));
 }
 
+// A view over `storage` with `keys` (its base's), as the CPU's view kernels make one: a view of a
+// tensor made outside inference mode is no inference tensor, also when made inside it (autograd
+// gives it its base's version counter), and a view of an inference tensor is one.
+at::Tensor view_on(c10::Storage storage, c10::DispatchKeySet keys, const at::Tensor& like) {
+  auto impl = c10::make_intrusive<c10::TensorImpl>(c10::TensorImpl::VIEW, std::move(storage), keys, like.dtype());
+  impl->set_sizes_and_strides(like.sizes(), like.strides(), like.storage_offset());
+  if (like.is_conj()) impl->_set_conj(true);
+  if (like.is_neg()) impl->_set_neg(true);
+  return at::Tensor(std::move(impl));
+}
+
 std::string device_text(int index) { return name() + ":" + std::to_string(index); }
 
 struct Signature {
@@ -602,6 +613,7 @@ struct Signature {
 struct Call {
   const Signature& sig;
   std::vector<std::pair<c10::StorageImpl*, c10::Storage>> host_of;  // sim storage -> host storage
+  std::vector<c10::DispatchKeySet> keys_of;                          // per host_of: its tensor's keys
   std::vector<std::pair<c10::StorageImpl*, c10::Storage>> fresh;    // host storage -> sim storage
   int first = -1, second = -1, target = -1;
   bool keep_cpu = false, foreign = false, foreign_written = false;
@@ -620,6 +632,7 @@ struct Call {
       if (sim == key) return tensor_on(host, c10::DispatchKey::CPU, t);
     c10::Storage host = host_storage_of(t.storage());
     host_of.emplace_back(key, host);
+    keys_of.push_back(t.key_set());
     return tensor_on(host, c10::DispatchKey::CPU, t);
   }
 
@@ -685,11 +698,12 @@ struct Call {
     TORCH_CHECK(v.layout() == c10::kStrided, name(), " supports strided tensors only; ", sig.name,
                 " returned ", v.layout());
     c10::StorageImpl* key = v.storage().unsafeGetStorageImpl();
-    for (auto& [sim, host] : host_of) {
+    for (size_t i = 0; i < host_of.size(); ++i) {
+      auto& [sim, host] = host_of[i];
       if (host.unsafeGetStorageImpl() == key) {
         if (keep_cpu) return v.clone();
-        return tensor_on(c10::Storage(c10::intrusive_ptr<c10::StorageImpl>::reclaim_copy(sim)),
-                         kKey, v);
+        c10::Storage storage(c10::intrusive_ptr<c10::StorageImpl>::reclaim_copy(sim));
+        return view_on(storage, keys_of[i], v);
       }
     }
     if (keep_cpu) return v;
