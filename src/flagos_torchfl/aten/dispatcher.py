@@ -8,7 +8,7 @@ import hashlib
 import json
 import os
 import tempfile
-from typing import Dict, FrozenSet, Iterable, Optional, Tuple
+from typing import Callable, Dict, FrozenSet, Iterable, Optional, Tuple
 
 import torch
 
@@ -63,49 +63,53 @@ def tagged(tag: str) -> FrozenSet[str]:
 def _tag_table() -> Dict[str, FrozenSet[str]]:
     """Per tag of :data:`CACHED_TAGS`, the overloads that carry it. Reading tags means building
     the overloads' Python packets (about 0.2 s for this torch's ~1,500 packets, most of the
-    sim's activation), so the table is kept in a cache file keyed by the torch build and its
-    overload names (``$XDG_CACHE_HOME``, else ``~/.cache``, under ``flagos_torchfl/aten``); a
-    cache that cannot be read or written is rebuilt in memory."""
-    names = all_aten()
-    key = hashlib.sha256("\0".join((torch.__version__, os.path.dirname(torch.__file__), *CACHED_TAGS,
-                                     *names)).encode())
-    path = os.path.join(_cache_dir(), f"tags-{key.hexdigest()[:20]}.json")
-    try:
-        with open(path, encoding="utf-8") as f:
-            stored = json.load(f)
-        return {tag: frozenset(stored[tag]) for tag in CACHED_TAGS}
-    except (OSError, ValueError, KeyError, TypeError):
-        pass
-    table: Dict[str, list] = {tag: [] for tag in CACHED_TAGS}
-    for name in names:
-        for tag in overload(name).tags:
-            if tag.name in table:
-                table[tag.name].append(name)
-    _write_cache(path, table)
-    return {tag: frozenset(v) for tag, v in table.items()}
+    sim's activation), so the table is cached (:func:`_cached`)."""
+    def build(names: Tuple[str, ...]) -> Dict[str, list]:
+        table: Dict[str, list] = {tag: [] for tag in CACHED_TAGS}
+        for name in names:
+            for tag in overload(name).tags:
+                if tag.name in table:
+                    table[tag.name].append(name)
+        return table
+
+    stored = _cached("tags", CACHED_TAGS, build)
+    return {tag: frozenset(stored[tag]) for tag in CACHED_TAGS}
 
 
 def with_kernel(dispatch_key: str) -> FrozenSet[str]:
     """The ATen overloads with a kernel of their own on ``dispatch_key`` (``"SparseCPU"``): read
-    from the dispatcher once per torch build and its overload names, then kept in the cache folder
-    beside :func:`tagged`'s table (asking ~2,500 overloads costs about 25 ms a key)."""
+    from the dispatcher once per torch build and its overload names, then cached beside
+    :func:`tagged`'s table (asking ~2,500 overloads costs about 25 ms a key)."""
     return _kernel_table(dispatch_key)
 
 
 @functools.lru_cache(maxsize=None)
 def _kernel_table(dispatch_key: str) -> FrozenSet[str]:
+    stored = _cached("kernels", (dispatch_key,),
+                     lambda names: {dispatch_key: [n for n in names if _has(n, dispatch_key)]})
+    return frozenset(stored[dispatch_key])
+
+
+def _cached(kind: str, keys: Tuple[str, ...], build: Callable[[Tuple[str, ...]], Dict[str, list]]
+            ) -> Dict[str, list]:
+    """The table ``build(all_aten())`` (``key`` -> overload names for each of ``keys``), kept in a
+    cache file keyed by the torch build, ``keys`` and the overload names (``$XDG_CACHE_HOME``,
+    else ``~/.cache``, under ``flagos_torchfl/aten``); a cache that cannot be read or written is
+    rebuilt in memory."""
     names = all_aten()
-    key = hashlib.sha256("\0".join((torch.__version__, os.path.dirname(torch.__file__), dispatch_key,
-                                     *names)).encode())
-    path = os.path.join(_cache_dir(), f"kernels-{key.hexdigest()[:20]}.json")
+    digest = hashlib.sha256("\0".join((torch.__version__, os.path.dirname(torch.__file__), *keys,
+                                        *names)).encode())
+    path = os.path.join(_cache_dir(), f"{kind}-{digest.hexdigest()[:20]}.json")
     try:
         with open(path, encoding="utf-8") as f:
-            return frozenset(json.load(f)[dispatch_key])
+            stored = json.load(f)
+        if all(isinstance(stored[k], list) for k in keys):
+            return stored
     except (OSError, ValueError, KeyError, TypeError):
         pass
-    found = [n for n in names if _has(n, dispatch_key)]
-    _write_cache(path, {dispatch_key: found})
-    return frozenset(found)
+    table = build(names)
+    _write_cache(path, table)
+    return table
 
 
 def _cache_dir() -> str:
