@@ -25,7 +25,7 @@ ACTIVATE = ("import time, torch; t = time.perf_counter(); import flagos_torchfl 
 
 
 def build_once() -> tuple[float, float]:
-    from flagos_torchfl.sim import native
+    from flagos_torchfl.sim.runtime import cpp as native
 
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.perf_counter()

@@ -17,7 +17,7 @@ and the median and spread (min-max) of the per-round ratios sim/cpu. Each sim ru
 (``FL_SIM_RUNTIME=native`` and ``python``) runs in a child process of its own, since a process
 has one; and so does each native set (``--sets``): ``default`` (the Core ATen set, the rest served
 by the routing layer's composites and fallbacks) and ``device`` (a CUDA-like set,
-``flagos_torchfl.sim.native_ops.device_kernel_ops()``: every operator with a CPU kernel of its
+``flagos_torchfl.sim.operators.native_ops.device_kernel_ops()``: every operator with a CPU kernel of its
 own, the ``_foreach_*`` and fused optimizer kernels). ``--profile WORKLOAD`` prints where a sim step's time goes instead (torch.profiler's
 operators by self CPU time, three steps). The machine's load average is printed before and after.
 
@@ -189,7 +189,7 @@ def activate(kind: str, native_set: str) -> None:
     if native_set == "device":
         import tempfile
 
-        from flagos_torchfl.sim.native_ops import device_kernel_ops
+        from flagos_torchfl.sim.operators.native_ops import device_kernel_ops
 
         listing = os.path.join(tempfile.mkdtemp(), "device_ops.json")
         with open(listing, "w") as f:

@@ -26,19 +26,32 @@ BASE = {"errors", "log", "variables", "config", "compat", "autoload", "atomic_fi
         "data_files", "selection_view"}
 
 
-def imported_packages(path):
-    """The first component of every flagos_torchfl module ``path`` imports (relative or absolute)."""
+def imported_modules(path):
+    """Every flagos_torchfl module ``path`` imports (relative or absolute), as a dotted name
+    under flagos_torchfl (``sim.runtime.state``; ``sim.runtime`` for ``from ..runtime import x``)."""
     tree = ast.parse(path.read_text(encoding="utf-8"))
-    package = path.relative_to(SRC).parts[0]
+    here = list(path.relative_to(SRC).with_suffix("").parts)
+    package = here if here[-1] == "__init__" else here
+    package = package[:-1]
     found = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom):
-            if node.level >= 2 or (node.level == 1 and path.parent == SRC):
-                names = [node.module.split(".")[0]] if node.module else [a.name for a in node.names]
-                found.update(names)
+            if node.level:
+                base = package[:len(package) - (node.level - 1)]
+                if node.module:
+                    found.add(".".join(base + node.module.split(".")))
+                else:
+                    found.update(".".join(base + [a.name]) for a in node.names)
             elif node.module and node.module.startswith("flagos_torchfl."):
-                found.add(node.module.split(".")[1])
-    return found - {package}
+                found.add(node.module.split(".", 1)[1])
+    return {name for name in found if name}
+
+
+def imported_packages(path):
+    """The first component of every flagos_torchfl module ``path`` imports, its own package's
+    aside."""
+    package = path.relative_to(SRC).parts[0]
+    return {name.split(".")[0] for name in imported_modules(path)} - {package}
 
 
 @pytest.mark.parametrize("package", sorted(ALLOWED))
@@ -46,6 +59,20 @@ def test_imports_point_down(package):
     for path in (SRC / package).rglob("*.py"):
         extra = imported_packages(path) - ALLOWED[package] - BASE
         assert not extra, f"{path.relative_to(SRC)} imports {sorted(extra)}"
+
+
+#: the sim's own parts, lowest first: its runtime knows nothing of its operators, and neither knows
+#: how they are registered with torch
+SIM_PARTS = ("runtime", "operators", "integration")
+
+
+@pytest.mark.parametrize("part", SIM_PARTS)
+def test_the_sims_parts_import_only_lower_ones(part):
+    higher = SIM_PARTS[SIM_PARTS.index(part) + 1:]
+    for path in (SRC / "sim" / part).rglob("*.py"):
+        upward = {name for name in imported_modules(path)
+                  if name.startswith("sim.") and name.split(".")[1] in higher}
+        assert not upward, f"{path.relative_to(SRC)} imports {sorted(upward)}"
 
 
 #: every module and package of flagos_torchfl, by layer, lowest first: each may import the base

@@ -30,7 +30,7 @@ def ascend():
 
 
 def test_the_device_is_named_npu_and_answers_with_the_chips_traits(ascend):
-    import flagos_torchfl.sim.device as sim_module
+    import flagos_torchfl.sim.runtime.device as sim_module
 
     assert ascend.chip.name == "sim-ascend" and ascend.device_type == "npu"
     assert torch._C._get_privateuse1_backend_name() == "npu" and torch.npu is sim_module

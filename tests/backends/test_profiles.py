@@ -17,7 +17,7 @@ from flagos_torchfl.errors import ConfigError
 from flagos_torchfl.routing import budget, plan
 from flagos_torchfl.routing.gaps import resolve_gaps
 from flagos_torchfl.selection import build_selection
-from flagos_torchfl.sim.native_ops import runtime_primitive_names
+from flagos_torchfl.sim.operators.native_ops import runtime_primitive_names
 from tests.helpers import run_python
 
 CHIPS = ["ascend", "cambricon", "mthreads"]

@@ -16,7 +16,7 @@ def test_barrier_device_ids_follow_gpu_ids(monkeypatch):
     device's own index (transformers passes ``torch.accelerator.current_device_index()``) is kept.
     torch puts the barrier's one-element tensor on that device: the sim's allocators show which."""
     import torch.distributed as dist
-    from flagos_torchfl.sim import runtime
+    from flagos_torchfl.sim.runtime import state as runtime
 
     monkeypatch.setenv("FL_SIM_DEVICES", "3")
     monkeypatch.delenv("FL_BACKEND", raising=False)

@@ -16,7 +16,7 @@ import torch.distributed as dist
 
 import flagos_torchfl as ft
 from flagos_torchfl.redirect import clean_exit
-from flagos_torchfl.sim import collectives
+from flagos_torchfl.sim.integration import collectives
 from tests.helpers import ROOT, run_python
 
 JOB = str(ROOT / "tests" / "redirect" / "exit_job.py")

@@ -46,7 +46,7 @@ def test_the_cuda_activity_is_the_sims(sim_backend, capfd, tmp_path, activities)
 
 
 def test_the_native_runtime_reports_device_memory(sim_backend):
-    from flagos_torchfl.sim import runtime
+    from flagos_torchfl.sim.runtime import state as runtime
 
     native = runtime.native()
     if native is None:

@@ -346,7 +346,7 @@ def main() -> int:
     staged = None
     if mode in ("sim", "simonly"):
         import flagos_torchfl.sim as fsim
-        from flagos_torchfl.sim import collectives as staged
+        from flagos_torchfl.sim.integration import collectives as staged
 
         native = fsim.default_native_ops() | fsim.parse_native_ops(EXTRA_NATIVE)
         fsim.install(num_devices=WORLD, native_ops=native)

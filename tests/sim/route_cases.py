@@ -1,4 +1,4 @@
-"""What a sim kernel promises (``flagos_torchfl.sim.kernels``' docstring), checked the same way on
+"""What a sim kernel promises (``flagos_torchfl.sim.operators.kernels``' docstring), checked the same way on
 both runtimes: the native route's C++ kernel (test_native_route.py) and the Python kernels
 (test_native_route_python.py). Each module defines the ``sim`` fixture that installs its runtime;
 the tests here compare with the same operation on CPU tensors."""

@@ -32,7 +32,7 @@ def test_resize_as_preserves_the_template_memory_format(sim, memory_format):
 
 
 def test_supported_dtypes_are_those_the_device_holds_and_copies(sim):
-    from flagos_torchfl.sim.capability import supported_dtypes
+    from flagos_torchfl.sim.runtime.capability import supported_dtypes
 
     held = supported_dtypes()
     assert {torch.float32, torch.bfloat16, torch.complex32, torch.bool, torch.float8_e4m3fn,

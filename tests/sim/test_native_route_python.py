@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 import flagos_torchfl.sim as fsim
-from flagos_torchfl.sim.native_ops import device_kernel_ops
+from flagos_torchfl.sim.operators.native_ops import device_kernel_ops
 from tests.sim.route_cases import *  # noqa: F401,F403  (the shared cases run on this runtime)
 
 pytestmark = [pytest.mark.isolated, pytest.mark.needs_sim]

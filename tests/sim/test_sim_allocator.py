@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import flagos_torchfl.sim as fsim
-from flagos_torchfl.sim.allocator import (BLOCK_ROUND, NOMINAL_TOTAL_MEMORY, SMALL_SEGMENT,
+from flagos_torchfl.sim.runtime.allocator import (BLOCK_ROUND, NOMINAL_TOTAL_MEMORY, SMALL_SEGMENT,
                                           CachingAllocator, round_size)
 
 pytestmark = pytest.mark.isolated

@@ -1,4 +1,4 @@
-"""The sim's collectives (flagos_torchfl.sim.collectives) against plain gloo on CPU tensors.
+"""The sim's collectives (flagos_torchfl.sim.integration.collectives) against plain gloo on CPU tensors.
 
 Two ranks run ``scripts/collectives_rank.py`` three times at once: on sim devices with the group
 ``"cpu:gloo,sim:simccl"``, on sim devices with ``"simccl"`` alone, and on the CPU with plain
@@ -183,7 +183,7 @@ def test_dcp_saves_and_loads_a_sharded_state_dict(runs, mode):
 @pytest.fixture(scope="module")
 def installed():
     import flagos_torchfl.sim as fsim
-    from flagos_torchfl.sim import collectives
+    from flagos_torchfl.sim.integration import collectives
 
     fsim.install(num_devices=2)
     collectives.register("sim", "simccl")

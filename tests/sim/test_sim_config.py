@@ -10,7 +10,7 @@ from flagos_torchfl.errors import ConfigError
 from flagos_torchfl.backends.cpu import logical_device_count
 from flagos_torchfl.backends.sim import SimBackend
 from flagos_torchfl.sim import default_native_ops, parse_native_ops
-from flagos_torchfl.sim.native_ops import RUNTIME_PRIMITIVES, can_run_natively
+from flagos_torchfl.sim.operators.native_ops import RUNTIME_PRIMITIVES, can_run_natively
 
 
 def test_default_set_is_core_aten_plus_runtime_primitives():

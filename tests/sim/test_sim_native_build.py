@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from flagos_torchfl.sim import native
+from flagos_torchfl.sim.runtime import cpp as native
 from tests.helpers import run_python
 
 pytestmark = pytest.mark.needs_sim

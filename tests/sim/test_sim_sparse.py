@@ -15,7 +15,7 @@ pytestmark = [pytest.mark.isolated, pytest.mark.needs_sim]
 
 @pytest.fixture(scope="module")
 def sim():
-    from flagos_torchfl.sim import sparse
+    from flagos_torchfl.sim.operators import sparse
 
     for name in [n for n in os.environ if n.startswith("FL_")]:
         del os.environ[name]
@@ -29,7 +29,7 @@ def sim():
 
 
 def test_the_sparse_kernels_come_from_the_dispatcher(sim):
-    from flagos_torchfl.sim.sparse import KEYS, overloads
+    from flagos_torchfl.sim.operators.sparse import KEYS, overloads
 
     for key, cpu_key in KEYS.items():
         names = overloads(cpu_key)

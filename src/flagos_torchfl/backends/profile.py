@@ -79,7 +79,7 @@ class ProfileBackend(SimBackend):
     def _dtype_gaps(self) -> Mapping[str, Tuple[str, ...]]:
         gaps: Dict[str, Tuple[str, ...]] = dict(self.chip.dtype_gaps)
         if not self.chip.supports_float64:
-            from ..sim.native_ops import runtime_primitive_names
+            from ..sim.operators.native_ops import runtime_primitive_names
 
             compute = {n for n in native_set(self.profile) - runtime_primitive_names()
                        if n[len("aten::"):].partition(".")[0] not in MEMORY_ONLY}

@@ -27,7 +27,7 @@ class SimBackend(Backend):
     aliases = ("simulated",)
     device_type = "sim"
     dispatch_key = "PrivateUse1"
-    #: the process-group backend its collectives register under (``flagos_torchfl.sim.collectives``)
+    #: the process-group backend its collectives register under (``flagos_torchfl.sim.integration.collectives``)
     collective = "simccl"
     low_precision_dtype = "bfloat16"
     supports_float64 = True
@@ -69,9 +69,9 @@ class SimBackend(Backend):
             return ProbeResult(backend=self.name, status="misconfigured", reason=str(exc))
         result.devices = [DeviceInfo(i, "flagos sim device", memory) for i in range(count)]
         result.notes.append("not probed: registering it claims PrivateUse1 for the process")
-        from ..sim import native
+        from ..sim.runtime import cpp
 
-        result.notes.append(native.status())
+        result.notes.append(cpp.status())
         return result
 
     def options(self, environ: Mapping[str, str] = os.environ) -> Mapping[str, Any]:
@@ -118,9 +118,10 @@ class SimBackend(Backend):
     def observe_native_calls(self, observer):
         """The sim times every native kernel call on the host: its Python kernels and, with the
         native runtime, its C++ ones."""
-        from ..sim import kernels, runtime
+        from ..sim.operators import kernels
+        from ..sim.runtime import state
 
-        native = runtime.native()
+        native = state.native()
         kernels.set_observer(observer)
         if native is not None:
             native.set_observer(observer)
@@ -135,7 +136,7 @@ class SimBackend(Backend):
     def native_ops(self, options: Mapping[str, Any]) -> FrozenSet[str]:
         """The installed sim's set; before installation the set ``options`` describe."""
         from .. import sim
-        from ..sim.native_ops import runtime_primitive_names
+        from ..sim.operators.native_ops import runtime_primitive_names
 
         if sim.is_installed():
             return sim.native_op_names()
@@ -158,7 +159,7 @@ class SimBackend(Backend):
         if not compat.has("python_privateuse1_backend"):
             raise BackendUnavailableError(self.name, compat.sim_floor_reason(torch.__version__))
         from .. import sim
-        from ..sim import registration
+        from ..sim.integration import registration
 
         owner = registration.current_owner()
         if owner is not None and not sim.is_installed():
@@ -194,13 +195,13 @@ class SimBackend(Backend):
 
         if not torch.distributed.is_available():
             return
-        from ..sim import collectives
+        from ..sim.integration import collectives
 
         collectives.register(torch._C._get_privateuse1_backend_name(), self.collective)
 
     def dynamo_device_interface(self) -> Optional[type]:
-        """The sim's (``sim/inductor.py``): dynamo asks for it before Inductor first compiles."""
-        from ..sim import inductor
+        """The sim's (``sim/integration/inductor.py``): dynamo asks for it before Inductor first compiles."""
+        from ..sim.integration import inductor
 
         return inductor.interface_class()
 
@@ -209,7 +210,8 @@ class SimBackend(Backend):
         PyTorch's C++ side calls them as a chip's runtime (``torch.sim``'s functions, which
         programs call, are not among them: dynamo traces those as it does ``torch.cuda``'s)."""
         return tuple(f"flagos_torchfl.sim.{name}" for name in (
-            "kernels", "tensors", "allocator", "registration", "collectives", "runtime", "torch_patches"))
+            "operators.kernels", "runtime.tensors", "runtime.allocator", "integration.registration",
+            "integration.collectives", "runtime.state", "integration.torch_patches"))
 
     def runs_premul_sum_at_entry(self) -> bool:
         """True unless the chip the sim answers as lacks PREMUL_SUM (:attr:`collective_lacks`:
@@ -218,12 +220,12 @@ class SimBackend(Backend):
         return "PREMUL_SUM" not in self.collective_lacks
 
     def collective_staging(self) -> Optional[Mapping[str, int]]:
-        """The staged collectives' counters (``flagos_torchfl.sim.collectives.stats``), once
+        """The staged collectives' counters (``flagos_torchfl.sim.integration.collectives.stats``), once
         they are registered."""
         import torch
 
         if not torch.distributed.is_available():
             return None
-        from ..sim import collectives
+        from ..sim.integration import collectives
 
         return collectives.stats() if collectives.registered()[0] is not None else None

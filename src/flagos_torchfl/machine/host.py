@@ -182,9 +182,9 @@ class HostRuntime:
 
     def synchronize(self, index: Any = None) -> None:
         """Nothing to wait for: host work is complete when it returns. Refused, as CUDA refuses
-        it, while a graph capture forbids it (``sim/graphs.py``)."""
+        it, while a graph capture forbids it (``sim/runtime/graphs.py``)."""
         if "graph_api" in vars(self):  # no capture can be underway before the graph API exists
-            from ..sim import graphs
+            from ..sim.runtime import graphs
 
             graphs.check_not_capturing(self.graph_api.runtime)
 
@@ -258,11 +258,11 @@ class HostRuntime:
         return host_memory_info()
 
     # graphs: CUDA's capture and replay, the operators recorded and run again on the host
-    # (``sim/graphs.py``); no graph speed-up is promised, the host runs the same kernels
+    # (``sim/runtime/graphs.py``); no graph speed-up is promised, the host runs the same kernels
     @functools.cached_property
     def graph_api(self) -> Any:
         """The host's graph API (built at first use: it imports the graph recorder)."""
-        from ..sim import graphs
+        from ..sim.runtime import graphs
 
         return graphs.GraphAPI(graphs.GraphRuntime("CUDA", "cpu", self, lambda tensor: tensor))
 

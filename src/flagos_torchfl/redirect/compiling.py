@@ -2,7 +2,7 @@
 
 Inductor compiles a graph with the code generator registered for its tensors' device type
 (PyTorch's own for CUDA, ROCm, XPU, MPS and the CPU; torch_npu's and torch_musa's for theirs; the
-sim's host C++ one, ``sim/inductor.py``). Where a graph's device type has none, Inductor fails
+sim's host C++ one, ``sim/integration/inductor.py``). Where a graph's device type has none, Inductor fails
 inside code generation. Under activation such a graph is compiled with ``aot_eager`` instead — the
 traced ATen graph, with autograd, run on the chip's own kernels: no fusion, and no result eager
 mode would not give — with one warning per device type naming the chip and the fallback.

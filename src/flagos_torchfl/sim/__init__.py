@@ -22,9 +22,10 @@ from typing import Iterable
 import torch
 
 from ..errors import ConfigError, suggestion
-from . import registration, runtime, tensors
-from .native_ops import (RUNTIME_PRIMITIVES, can_run_natively, default_native_ops,
-                         parse_native_ops, resolve_exact, runtime_primitive_names)
+from .integration import registration
+from .runtime import state, tensors
+from .operators.native_ops import (RUNTIME_PRIMITIVES, can_run_natively, default_native_ops,
+                                   parse_native_ops, resolve_exact, runtime_primitive_names)
 
 __all__ = [
     "install", "is_installed", "native_op_names", "default_native_ops", "parse_native_ops",
@@ -65,7 +66,7 @@ def install(num_devices: int = 1, native_ops: Iterable[str] | None = None,
     (e.g. torch_npu) holds PrivateUse1, and
     :class:`~flagos_torchfl.errors.BackendUnavailableError` when the installed PyTorch lacks
     what a Python PrivateUse1 backend needs or PrivateUse1 cannot take the name ``device_type``
-    (:func:`~flagos_torchfl.sim.registration.rename_problem` says why).
+    (:func:`~flagos_torchfl.sim.integration.registration.rename_problem` says why).
     """
     global _installed
     num_devices = _check_device_count(num_devices, "num_devices")
@@ -118,7 +119,7 @@ def _check_same(num_devices: int, native: frozenset[str], memory_limit: int | No
         raise ConfigError(
             "the sim is already installed with a different native operator set; it cannot change "
             f"in the same process (would add {added or 'nothing'}, remove {removed or 'nothing'})")
-    current = runtime.allocator(0).limit
+    current = state.allocator(0).limit
     if memory_limit != current:
         raise ConfigError(
             f"the sim is already installed with memory limit {current}; use "
@@ -142,7 +143,7 @@ def runtime_kind() -> str | None:
     """The installed sim's device runtime: ``"native"`` or ``"python"``; None before install."""
     if _installed is None:
         return None
-    return "python" if runtime.native() is None else "native"
+    return "python" if state.native() is None else "native"
 
 
 def native_problem() -> str | None:
@@ -168,7 +169,7 @@ def set_memory_limit(limit_bytes: int | None) -> None:
     _check_limit(limit_bytes)
     if _installed is None:
         raise RuntimeError("the sim is not installed: call flagos_torchfl.sim.install() first")
-    for alloc in runtime.allocators():
+    for alloc in state.allocators():
         alloc.set_limit(limit_bytes)
 
 

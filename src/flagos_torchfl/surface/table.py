@@ -179,7 +179,7 @@ class _Chip:
 
             names = frozenset(n for n in dir(HostRuntime) if not n.startswith("_"))
             return _Chip(kind, "cpu", names, "the host runtime", {}, None)
-        from ..sim import device as sim_module
+        from ..sim.runtime import device as sim_module
 
         backend = registry().profile(kind) if kind in PROFILES else get_backend(kind)
         return _Chip(kind, backend.device_type, frozenset(sim_module.__all__),

@@ -37,7 +37,7 @@ def model_specs() -> List[str]:
 def rename_problem(device_type: str) -> Optional[str]:
     """Why the sim could not take ``device_type`` as its device type name in this process
     (None: it can)."""
-    from ..sim.registration import rename_problem as problem
+    from ..sim.integration.registration import rename_problem as problem
 
     return problem(device_type)
 
@@ -62,7 +62,7 @@ def native_set(profile: str) -> FrozenSet[str]:
     model of a chip has its table): the table's, less those the sim cannot give a kernel
     (CompositeImplicitAutograd ones decompose on every backend), plus the runtime primitives
     every device runtime has."""
-    from ..sim.native_ops import can_run_natively, runtime_primitive_names
+    from ..sim.operators.native_ops import can_run_natively, runtime_primitive_names
 
     known, _ = known_table_ops(profile.partition(":")[0])
     return frozenset(n for n in known if can_run_natively(n)) | runtime_primitive_names()

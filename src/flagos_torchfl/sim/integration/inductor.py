@@ -29,8 +29,8 @@ from typing import Any
 
 import torch
 
-from .. import compat
-from . import runtime
+from ... import compat
+from ..runtime import state
 
 CODEGEN_NAMES = ("Scheduling", "PythonWrapperCodegen", "CppWrapperCodegen", "WrapperFxCodegen")
 """The device-module attributes Inductor reads to register a PrivateUse1 backend."""
@@ -55,7 +55,7 @@ def register_device_interface() -> bool:
     register = getattr(device_interface, "register_interface_for_device", None)
     if register is None:
         return False
-    register(runtime.DEVICE_TYPE, interface_class())
+    register(state.DEVICE_TYPE, interface_class())
     return True
 
 
@@ -83,7 +83,7 @@ def register_backend() -> bool:
     register_device_interface()
     _treat_as_cpu()
     if compat.has("inductor_device_op_overrides"):
-        common.register_device_op_overrides(runtime.DEVICE_TYPE, _op_overrides(CpuDeviceOpOverrides)())
+        common.register_device_op_overrides(state.DEVICE_TYPE, _op_overrides(CpuDeviceOpOverrides)())
     extra: dict[str, Any] = {}
     if compat.has("inductor_backend_options"):
         from torch._inductor.codegen.wrapper_fxir import WrapperFxCodegen
@@ -92,7 +92,7 @@ def register_backend() -> bool:
         cache_key = _cache_key_pass()
         if cache_key is not None:
             extra["device_custom_pass"] = cache_key
-    common.register_backend_for_device(runtime.DEVICE_TYPE, CppScheduling, _wrapper(PythonWrapperCodegen),
+    common.register_backend_for_device(state.DEVICE_TYPE, CppScheduling, _wrapper(PythonWrapperCodegen),
                                        CppWrapperCpu, **extra)
     return True
 
@@ -112,7 +112,7 @@ def _treat_as_cpu() -> None:
                 from torch._inductor.virtualized import V
 
                 device_type = V.graph.get_current_device_or_throw().type
-            if device_type == runtime.DEVICE_TYPE:
+            if device_type == state.DEVICE_TYPE:
                 return config.cpu_backend
             return original_backend(device_type)
 
@@ -127,14 +127,14 @@ def _treat_as_cpu() -> None:
 
         def is_cpu(self) -> bool:
             device = self.get_device()
-            return original_node(self) or (device is not None and device.type == runtime.DEVICE_TYPE)
+            return original_node(self) or (device is not None and device.type == state.DEVICE_TYPE)
 
         is_cpu.__flagos_sim_original__ = original_node
         node.is_cpu = is_cpu
     original_ir = getattr(ir, "is_cpu", None)
     if original_ir is not None and not hasattr(original_ir, "__flagos_sim_original__"):
         def ir_is_cpu(x) -> bool:
-            return original_ir(x) or ir.get_device_type(x) == runtime.DEVICE_TYPE
+            return original_ir(x) or ir.get_device_type(x) == state.DEVICE_TYPE
 
         ir_is_cpu.__flagos_sim_original__ = original_ir
         ir.is_cpu = ir_is_cpu
@@ -163,7 +163,7 @@ def _op_overrides(base: type) -> type:
         """The CPU's code snippets, with the sim's device context as device guard."""
 
         def device_guard(self, device_idx: int) -> str:
-            return f"torch.{runtime.DEVICE_TYPE}.device({device_idx})"
+            return f"torch.{state.DEVICE_TYPE}.device({device_idx})"
 
     return SimDeviceOpOverrides
 
@@ -185,20 +185,20 @@ def _wrapper(base: type) -> type:
             for name in input_names:
                 node = V.graph.graph_inputs.get(name)
                 device = node.get_device() if hasattr(node, "get_device") else None
-                if device is not None and device.type == runtime.DEVICE_TYPE:
+                if device is not None and device.type == state.DEVICE_TYPE:
                     self.prefix.writeline(f"{_DEVICE_VARIABLE} = {name}.device")
                     self._fl_device_known = True
                     break
 
         def make_allocation(self, name, device, *args, **kwargs):
             line = super().make_allocation(name, device, *args, **kwargs)
-            if getattr(self, "_fl_device_known", False) and device.type == runtime.DEVICE_TYPE:
+            if getattr(self, "_fl_device_known", False) and device.type == state.DEVICE_TYPE:
                 line = line.replace(f"device='{device.type}'", f"device={_DEVICE_VARIABLE}")
             return line
 
         def _generate_kernel_call_helper(self, kernel_name, call_args, *, device=None, triton=True,
                                          **kwargs):
-            if not triton and device is not None and device.type == runtime.DEVICE_TYPE:
+            if not triton and device is not None and device.type == state.DEVICE_TYPE:
                 self.writeline(self.wrap_kernel_call(kernel_name, call_args))
                 return None
             return super()._generate_kernel_call_helper(kernel_name, call_args, device=device,
@@ -212,15 +212,15 @@ def interface_class() -> type:
     """The sim's dynamo ``DeviceInterface`` (imports dynamo)."""
     from torch._dynamo.device_interface import DeviceInterface
 
-    from . import device as module
+    from ..runtime import device as module
 
     class SimProperties:
         """What Inductor asks of a device's properties."""
 
         def __init__(self, index: int):
             self.multi_processor_count = 1
-            self.total_memory = runtime.allocator(index).capacity
-            self.name = runtime.DEVICE_NAME
+            self.total_memory = state.allocator(index).capacity
+            self.name = state.DEVICE_NAME
 
     class SimInterface(DeviceInterface):
         """The sim's runtime as dynamo and Inductor query a device."""
@@ -238,7 +238,7 @@ def interface_class() -> type:
 
             @staticmethod
             def get_device_properties(device: Any = None) -> SimProperties:
-                return SimProperties(runtime.to_index(device))
+                return SimProperties(state.to_index(device))
 
         @staticmethod
         def current_device() -> int:
@@ -291,7 +291,7 @@ def interface_class() -> type:
 
         @staticmethod
         def raise_if_triton_unavailable(device: Any = None) -> None:
-            raise RuntimeError(f"the {runtime.DEVICE_TYPE} device compiles with Inductor's C++ "
+            raise RuntimeError(f"the {state.DEVICE_TYPE} device compiles with Inductor's C++ "
                                "code generator, not Triton")
 
     return SimInterface

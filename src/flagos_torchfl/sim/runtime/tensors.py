@@ -1,7 +1,7 @@
 """Sim storages and tensors, and the CPU views of their bytes.
 
 A sim storage is an ordinary PyTorch storage on the PrivateUse1 device whose data pointer is the
-host address of a block from the device's :class:`~flagos_torchfl.sim.allocator.CachingAllocator`
+host address of a block from the device's :class:`~flagos_torchfl.sim.runtime.allocator.CachingAllocator`
 (``torch._C._construct_storage_from_data_pointer``). So ``storage.data_ptr()`` is real, readable
 host memory, not a null pointer: any C++ code that reads it reads the right bytes instead of
 crashing. The storage does not own the block; a small :class:`_Memory` record kept in the storage's
@@ -31,7 +31,7 @@ from typing import Sequence
 
 import torch
 
-from . import runtime
+from . import state
 from .allocator import Block, CachingAllocator
 
 _CPU_KEYS = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
@@ -64,7 +64,7 @@ class _Memory:
 def report_memory(ptr: int, delta: int, alloc: CachingAllocator) -> None:
     """Tell a profiler that records memory (``profile_memory=True``) that ``delta`` bytes at
     ``ptr`` were allocated (negative: freed) on ``alloc``'s device (needs the native runtime)."""
-    native = runtime.native()
+    native = state.native()
     if native is not None and native.memory_profiling():
         native.report_memory(ptr, delta, alloc.allocated, alloc.reserved, alloc.device_index)
 
@@ -72,8 +72,8 @@ def report_memory(ptr: int, delta: int, alloc: CachingAllocator) -> None:
 def native_allocate(index: int, nbytes: int) -> tuple:
     """The native runtime's allocation: ``(address, block)`` of a new block of ``nbytes`` bytes
     on device ``index`` (``(0, None)`` for 0 bytes); the devices' first use."""
-    runtime.begin_use()
-    alloc = runtime.allocator(index)
+    state.begin_use()
+    alloc = state.allocator(index)
     block = alloc.allocate(nbytes)
     if block is None:
         return 0, None
@@ -83,7 +83,7 @@ def native_allocate(index: int, nbytes: int) -> tuple:
 
 def native_free(index: int, block: Block) -> None:
     """The native runtime's release of ``block`` (from :func:`native_allocate`)."""
-    alloc = runtime.allocator(index)
+    alloc = state.allocator(index)
     alloc.free(block)
     report_memory(block.ptr, -block.size, alloc)
 
@@ -92,8 +92,8 @@ def native_service(what: str, index: int) -> object:
     """The native runtime's rarer questions about device ``index``'s allocator (-1: all):
     ``"stats"``, ``"empty_cache"``, ``"reset_peak"``, ``"reset_accumulated"``."""
     if what == "stats":
-        return dict(runtime.allocator(runtime.to_index(None) if index < 0 else index).stats())
-    targets = runtime.allocators() if index < 0 else [runtime.allocator(index)]
+        return dict(state.allocator(state.to_index(None) if index < 0 else index).stats())
+    targets = state.allocators() if index < 0 else [state.allocator(index)]
     for alloc in targets:
         getattr(alloc, what)()
     return None
@@ -101,18 +101,18 @@ def native_service(what: str, index: int) -> object:
 
 def new_storage(nbytes: int, index: int) -> torch.UntypedStorage:
     """A fresh sim storage of ``nbytes`` bytes on device ``index`` (contents undefined); the
-    devices' first use (:func:`runtime.begin_use`)."""
-    if runtime.native() is not None:
-        runtime.check_index(index)
-        return _EMPTY([nbytes], dtype=torch.uint8, device=torch.device(runtime.DEVICE_TYPE, index)).untyped_storage()
-    runtime.begin_use()
-    alloc = runtime.allocator(index)
+    devices' first use (:func:`state.begin_use`)."""
+    if state.native() is not None:
+        state.check_index(index)
+        return _EMPTY([nbytes], dtype=torch.uint8, device=torch.device(state.DEVICE_TYPE, index)).untyped_storage()
+    state.begin_use()
+    alloc = state.allocator(index)
     block = alloc.allocate(nbytes)
     ptr = 0 if block is None else block.ptr
     if block is not None:
         report_memory(ptr, block.size, alloc)
     storage = torch._C._construct_storage_from_data_pointer(
-        ptr, torch.device(runtime.DEVICE_TYPE, index), nbytes)
+        ptr, torch.device(state.DEVICE_TYPE, index), nbytes)
     storage._fl_memory = _Memory(block, alloc)
     return storage
 
@@ -120,12 +120,12 @@ def new_storage(nbytes: int, index: int) -> torch.UntypedStorage:
 def is_sim_storage(storage: torch.UntypedStorage) -> bool:
     """Whether ``storage`` is on a sim device (made by :func:`new_storage`, or by PyTorch from
     one, like a slice ``storage[a:b]``, which holds a reference to the storage it slices)."""
-    return storage.device.type == runtime.DEVICE_TYPE
+    return storage.device.type == state.DEVICE_TYPE
 
 
 def owns_block(storage: torch.UntypedStorage) -> bool:
     """Whether ``storage`` holds its own block of the sim allocator (made by :func:`new_storage`)."""
-    native = runtime.native()
+    native = state.native()
     if native is not None:
         return native.owns_block(storage)
     return getattr(storage, "_fl_memory", None) is not None
@@ -265,7 +265,7 @@ def host_storage(storage: torch.UntypedStorage) -> torch.UntypedStorage:
 
 def host_view(t: torch.Tensor) -> torch.Tensor:
     """A CPU tensor aliasing the bytes of sim tensor ``t``: same dtype, size, stride and offset."""
-    if not isinstance(t, torch.Tensor) or t.device.type != runtime.DEVICE_TYPE:
+    if not isinstance(t, torch.Tensor) or t.device.type != state.DEVICE_TYPE:
         raise TypeError(f"host_view expects a sim tensor, got {_describe(t)}")
     view = _EMPTY([0], dtype=t.dtype, device=_CPU)
     view.set_(host_storage(t.untyped_storage()), t.storage_offset(), t.size(), t.stride())
@@ -306,7 +306,7 @@ def resize_storage(storage: torch.UntypedStorage, nbytes: int) -> None:
         return
     if nbytes < 0:
         raise RuntimeError(f"cannot resize a storage to {nbytes} bytes")
-    native = runtime.native()
+    native = state.native()
     if native is not None:
         native.resize_storage(storage, nbytes)
         return

@@ -11,12 +11,13 @@ from typing import Iterable
 import torch
 import torch.serialization
 
-from .. import compat
-from ..aten.dispatcher import has_backend_fallback, schema_of, tagged
-from ..errors import BackendUnavailableError, PrivateUse1ClaimedError
-from . import device as device_module
-from . import inductor, kernels, runtime, sparse, tensors, torch_patches
-from . import native as native_module
+from ... import compat
+from ...aten.dispatcher import has_backend_fallback, schema_of, tagged
+from ...errors import BackendUnavailableError, PrivateUse1ClaimedError
+from ..runtime import device as device_module
+from ..operators import kernels, sparse
+from ..runtime import cpp, state, tensors
+from . import inductor, torch_patches
 
 logger = logging.getLogger("flagos_torchfl.sim")
 
@@ -28,7 +29,7 @@ _keep_alive: list[object] = []
 def _guard_and_hooks() -> tuple[object, object]:
     """The device guard and hooks PyTorch's C++ side uses for PrivateUse1. Only the device type
     and availability come from Python; the rest is fixed in C++ (device 0, one device, inline
-    streams), which :mod:`flagos_torchfl.sim.torch_patches` makes up for where it shows."""
+    streams), which :mod:`flagos_torchfl.sim.integration.torch_patches` makes up for where it shows."""
 
     class DeviceGuard(torch._C._acc.DeviceGuard):
         def type_(self):
@@ -36,10 +37,10 @@ def _guard_and_hooks() -> tuple[object, object]:
 
     class Hooks(torch._C._acc.PrivateUse1Hooks):
         def is_available(self) -> bool:
-            return runtime.device_count() > 0
+            return state.device_count() > 0
 
         def has_primary_context(self, dev_id: int) -> bool:
-            return 0 <= dev_id < runtime.device_count()
+            return 0 <= dev_id < state.device_count()
 
         def is_built(self) -> bool:
             return True
@@ -58,14 +59,14 @@ def native_problem() -> str | None:
     return _native_problem
 
 
-def _native_runtime(mode: str, device_type: str) -> native_module.NativeRuntime | None:
+def _native_runtime(mode: str, device_type: str) -> cpp.NativeRuntime | None:
     """The native runtime to register for ``mode`` (None: the Python guard)."""
     global _native_problem
     if mode == "python":
         return None
     try:
-        return native_module.load()
-    except native_module.NativeUnavailable as exc:
+        return cpp.load()
+    except cpp.NativeUnavailable as exc:
         if mode == "native":
             raise BackendUnavailableError(device_type, f"the sim's native runtime cannot be had: {exc}") from exc
         _native_problem = str(exc)
@@ -75,17 +76,17 @@ def _native_runtime(mode: str, device_type: str) -> native_module.NativeRuntime 
         return None
 
 
-def _register_native(native_runtime: native_module.NativeRuntime, num_devices: int, bfloat16: bool) -> None:
+def _register_native(native_runtime: cpp.NativeRuntime, num_devices: int, bfloat16: bool) -> None:
     try:
         native_runtime.register(num_devices, bfloat16)
-    except native_module.NativeUnavailable as exc:
+    except cpp.NativeUnavailable as exc:
         raise PrivateUse1ClaimedError(str(exc)) from exc
-    runtime.use_native(native_runtime)
+    state.use_native(native_runtime)
     device_module.use_native_streams()
     try:
         native_runtime.install_memory(tensors.native_allocate, tensors.native_free, tensors.native_service)
-    except native_module.NativeUnavailable as exc:
-        raise BackendUnavailableError(runtime.DEVICE_TYPE, f"the sim's native runtime cannot hold its memory: {exc}") from exc
+    except cpp.NativeUnavailable as exc:
+        raise BackendUnavailableError(state.DEVICE_TYPE, f"the sim's native runtime cannot hold its memory: {exc}") from exc
 
 
 NATIVE_RUNTIME_KERNELS = frozenset({
@@ -181,7 +182,7 @@ def rename_problem(device_type: str) -> str | None:
 def current_owner() -> str | None:
     """Who holds the PrivateUse1 slot, in words, or None if it is free or the sim's."""
     name = torch._C._get_privateuse1_backend_name()
-    if name == runtime.DEVICE_TYPE:
+    if name == state.DEVICE_TYPE:
         module = getattr(torch, name, None)
         if module is None or module is device_module:
             return None
@@ -209,7 +210,7 @@ def claim(num_devices: int, memory_limit: int | None, native: Iterable[str],
     missing = compat.sim_missing()
     if missing:
         raise BackendUnavailableError(
-            runtime.DEVICE_TYPE,
+            state.DEVICE_TYPE,
             f"PyTorch {torch.__version__} lacks {', '.join(missing)}; the sim needs a newer "
             "PyTorch (2.13 is tested)")
     owner = current_owner()
@@ -223,9 +224,9 @@ def claim(num_devices: int, memory_limit: int | None, native: Iterable[str],
     if problem:
         raise BackendUnavailableError(device_type, f"the sim cannot be device type {device_type!r}: {problem}")
     native_runtime = _native_runtime(runtime_mode, device_type)
-    runtime.set_device_type(device_type, device_name, bfloat16)
-    runtime.start(num_devices, memory_limit)
-    name = runtime.DEVICE_TYPE
+    state.set_device_type(device_type, device_name, bfloat16)
+    state.start(num_devices, memory_limit)
+    name = state.DEVICE_TYPE
     if torch._C._get_privateuse1_backend_name() != name:
         torch.utils.rename_privateuse1_backend(name)
     if not hasattr(torch.Tensor, name):
@@ -260,7 +261,7 @@ def _declare_shallow_copy_compatible(library: torch.library.Library) -> None:
     PrivateUse1 tensor incompatible with a CPU one and puts a new Parameter in each module."""
 
     def dense(tensor: torch.Tensor) -> bool:
-        return (tensor.device.type in ("cpu", runtime.DEVICE_TYPE) and tensor.layout == torch.strided
+        return (tensor.device.type in ("cpu", state.DEVICE_TYPE) and tensor.layout == torch.strided
                 and not tensor.is_quantized and not tensor.is_nested)
 
     def compatible(self: torch.Tensor, other: torch.Tensor) -> bool:
@@ -301,8 +302,8 @@ def _autocast_fallthrough() -> torch.library.Library | None:
 
 def _sim_tag(obj: object) -> str | None:
     dev = getattr(obj, "device", None)
-    if isinstance(dev, torch.device) and dev.type == runtime.DEVICE_TYPE:
-        return f"{runtime.DEVICE_TYPE}:{dev.index or 0}"
+    if isinstance(dev, torch.device) and dev.type == state.DEVICE_TYPE:
+        return f"{state.DEVICE_TYPE}:{dev.index or 0}"
     return None
 
 
@@ -310,10 +311,10 @@ def _sim_restore(obj: torch.UntypedStorage | torch.TypedStorage, location: str) 
     """``torch.load`` hook (and ``torch.serialization.default_restore_location``): put a storage
     restored on the host onto the sim device that ``location`` (``'sim'`` or ``'sim:N'``)
     names; a typed storage (the legacy format's) stays typed, as CUDA's hook keeps it."""
-    if location != runtime.DEVICE_TYPE and not location.startswith(runtime.DEVICE_TYPE + ":"):
+    if location != state.DEVICE_TYPE and not location.startswith(state.DEVICE_TYPE + ":"):
         return None
-    index = runtime.to_index(torch.device(location))
-    if obj.device == torch.device(runtime.DEVICE_TYPE, index):
+    index = state.to_index(torch.device(location))
+    if obj.device == torch.device(state.DEVICE_TYPE, index):
         return obj
     if isinstance(obj, torch.TypedStorage):
         moved = tensors.copy_storage_to_sim(obj._untyped_storage, index)

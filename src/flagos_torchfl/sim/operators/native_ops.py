@@ -14,9 +14,9 @@ from typing import Callable, Iterable
 
 import torch
 
-from ..aten.dispatcher import (all_aten, has_computed_kernel, has_kernel, is_implicit, overloads_by_packet,
-                              schema_of, tagged)
-from ..errors import ConfigError, closest
+from ...aten.dispatcher import (all_aten, has_computed_kernel, has_kernel, is_implicit, overloads_by_packet,
+                                schema_of, tagged)
+from ...errors import ConfigError, closest
 from .kernels import HOST_EQUIVALENTS, SPECIAL_KERNELS
 
 logger = logging.getLogger("flagos_torchfl.sim")

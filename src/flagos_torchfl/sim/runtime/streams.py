@@ -13,7 +13,7 @@ from typing import Any, Optional
 
 import torch
 
-from . import runtime
+from . import state
 
 _PRIVATEUSE1 = int(torch._C._autograd.DeviceType.PrivateUse1)
 
@@ -24,7 +24,7 @@ class _SimKind(type):
     accepts only its exact types where it takes another stream or event (``elapsed_time``)."""
 
     def __instancecheck__(cls, instance: object) -> bool:
-        return isinstance(instance, cls.__base__) and instance.device.type == runtime.DEVICE_TYPE
+        return isinstance(instance, cls.__base__) and instance.device.type == state.DEVICE_TYPE
 
 
 def _wrap(index: int, stream_id: int) -> torch.Stream:
@@ -41,8 +41,8 @@ class Event(torch.Event, metaclass=_SimKind):
         if interprocess:
             raise RuntimeError("Event: events cannot be shared between processes here "
                                "(work runs inline; there is no device event to share)")
-        runtime.begin_use()
-        return torch.Event(device=torch.device(runtime.DEVICE_TYPE, runtime.current_device()),
+        state.begin_use()
+        return torch.Event(device=torch.device(state.DEVICE_TYPE, state.current_device()),
                            enable_timing=enable_timing, blocking=blocking)
 
 
@@ -52,9 +52,9 @@ class Stream(torch.Stream, metaclass=_SimKind):
     making it is a use of the devices."""
 
     def __new__(cls, device: Any = None, priority: int = 0, **_: Any):
-        index = runtime.to_index(device)
-        runtime.begin_use()
-        return torch.Stream(device=torch.device(runtime.DEVICE_TYPE, index), priority=priority)
+        index = state.to_index(device)
+        state.begin_use()
+        return torch.Stream(device=torch.device(state.DEVICE_TYPE, index), priority=priority)
 
 
 def default_stream(index: int) -> torch.Stream:
@@ -64,12 +64,12 @@ def default_stream(index: int) -> torch.Stream:
 
 def current_stream(index: Optional[int] = None) -> torch.Stream:
     """The calling thread's current stream on device ``index`` (None: the current device)."""
-    index = runtime.current_device() if index is None else index
-    return _wrap(index, runtime.native().current_stream(index))
+    index = state.current_device() if index is None else index
+    return _wrap(index, state.native().current_stream(index))
 
 
 def set_stream(stream: torch.Stream) -> None:
     """Make ``stream`` the calling thread's current stream on its device."""
-    if stream.device.type != runtime.DEVICE_TYPE:
-        raise ValueError(f"expected a {runtime.DEVICE_TYPE} stream, got a stream of {stream.device}")
-    runtime.native().exchange_stream(stream.device_index, stream.stream_id)
+    if stream.device.type != state.DEVICE_TYPE:
+        raise ValueError(f"expected a {state.DEVICE_TYPE} stream, got a stream of {stream.device}")
+    state.native().exchange_stream(stream.device_index, stream.stream_id)

@@ -15,8 +15,8 @@ from typing import Any, Callable
 
 import torch
 
-from ..aten.dispatcher import overload, with_kernel
-from . import runtime
+from ...aten.dispatcher import overload, with_kernel
+from ..runtime import state
 
 #: the sim's sparse dispatch keys and the CPU keys whose kernels serve them
 KEYS = {"SparsePrivateUse1": "SparseCPU", "SparseCsrPrivateUse1": "SparseCsrCPU"}
@@ -38,7 +38,7 @@ def _to(value: Any, device: torch.device | None) -> Any:
 
 def _device_of(values) -> torch.device | None:
     for value in values:
-        if isinstance(value, torch.Tensor) and value.device.type == runtime.DEVICE_TYPE:
+        if isinstance(value, torch.Tensor) and value.device.type == state.DEVICE_TYPE:
             return value.device
         if isinstance(value, (list, tuple)):
             found = _device_of(value)

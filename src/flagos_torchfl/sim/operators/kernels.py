@@ -1,7 +1,7 @@
 """The sim's native kernels.
 
 Every native overload gets a PrivateUse1 kernel that runs PyTorch's own CPU kernel of the same
-overload on host views of the sim tensors (:mod:`flagos_torchfl.sim.tensors`) and hands back sim
+overload on host views of the sim tensors (:mod:`flagos_torchfl.sim.runtime.tensors`) and hands back sim
 tensors with the semantics a device kernel has:
 
 * in-place and ``out=`` overloads return the very tensors they were given, with any change of
@@ -13,7 +13,7 @@ tensors with the semantics a device kernel has:
 * a ``device=`` argument naming a sim device is replaced by ``cpu`` for the CPU call and chooses
   the device of the outputs; naming ``cpu`` (``_to_copy`` back to the host) leaves them on the CPU;
 * random overloads draw from the device's own generator, or the sim generator passed to them,
-  and advance its offset (see :class:`flagos_torchfl.sim.runtime.SimGenerator`);
+  and advance its offset (see :class:`flagos_torchfl.sim.runtime.state.SimGenerator`);
 * like a real device, tensors on two sim devices, or a sim tensor with a CPU tensor that is not a
   0-dim scalar, are refused (except by copies and by indexing with CPU indices); a CPU tensor
   the kernel would write (an ``out=`` argument, ``self`` of an in-place overload) is refused
@@ -32,7 +32,7 @@ from typing import Any, Callable, Iterable
 import torch
 from torch._prims_common import suggest_memory_format
 
-from . import runtime, tensors
+from ..runtime import state, tensors
 
 logger = logging.getLogger("flagos_torchfl.sim")
 
@@ -118,7 +118,7 @@ def _with_bits_of(t: torch.Tensor, view: torch.Tensor) -> torch.Tensor:
 
 def _on_host(t: torch.Tensor) -> torch.Tensor:
     """A CPU tensor that reads and writes what ``t`` holds: ``t`` itself if it is on the CPU."""
-    if t.device.type != runtime.DEVICE_TYPE:
+    if t.device.type != state.DEVICE_TYPE:
         return t
     return _with_bits_of(t, tensors.host_view(t))
 
@@ -139,7 +139,7 @@ class _Call:
     # -- into the CPU call ------------------------------------------------------------------
     def host(self, x: Any) -> Any:
         if isinstance(x, torch.Tensor):
-            if x.device.type == runtime.DEVICE_TYPE:
+            if x.device.type == state.DEVICE_TYPE:
                 return self.view_of(x)
             if x.dim() != 0 and self.foreign is None:
                 self.foreign = x
@@ -147,8 +147,8 @@ class _Call:
         if isinstance(x, (list, tuple)):
             return type(x)(self.host(e) for e in x)
         if isinstance(x, torch.device):
-            if x.type == runtime.DEVICE_TYPE:
-                self.target = runtime.to_index(x)
+            if x.type == state.DEVICE_TYPE:
+                self.target = state.to_index(x)
                 return _CPU
             self.keep_cpu = True
         return x
@@ -176,13 +176,13 @@ class _Call:
         if len(self.indices) > 1:
             raise RuntimeError(
                 "Expected all tensors to be on the same device, but found at least two devices, "
-                f"{runtime.device_name(self.indices[0])} and {runtime.device_name(self.indices[1])}! "
+                f"{state.device_name(self.indices[0])} and {state.device_name(self.indices[1])}! "
                 f"(in {self.name})"
             )
         if self.indices and self.foreign is not None and not allow_cpu:
             raise RuntimeError(
                 "Expected all tensors to be on the same device, but found at least two devices, "
-                f"{runtime.device_name(self.indices[0])} and {self.foreign.device}! (in {self.name})"
+                f"{state.device_name(self.indices[0])} and {self.foreign.device}! (in {self.name})"
             )
 
     def check_written(self, name: str, value: Any) -> None:
@@ -193,16 +193,16 @@ class _Call:
                 self.check_written(name, v)
             return
         if (self.indices and isinstance(value, torch.Tensor)
-                and value.device.type != runtime.DEVICE_TYPE):
+                and value.device.type != state.DEVICE_TYPE):
             raise RuntimeError(
                 "Expected all tensors to be on the same device, but found at least two devices, "
-                f"{runtime.device_name(self.indices[0])} and {value.device}! (when checking "
+                f"{state.device_name(self.indices[0])} and {value.device}! (when checking "
                 f"argument for argument {name} in method {self.name})")
 
     def output_index(self) -> int:
         if self.target is not None:
             return self.target
-        return self.indices[0] if self.indices else runtime.current_device()
+        return self.indices[0] if self.indices else state.current_device()
 
     # -- back from the CPU call -------------------------------------------------------------
     def to_sim(self, value: Any) -> Any:
@@ -269,14 +269,14 @@ def _generic_kernel(op: torch._ops.OpOverload) -> Callable:
         if sig.generator is not None:
             gen = sig.get(args, kwargs, sig.generator)
             if gen is None:
-                gen = runtime.generator(index)
+                gen = state.generator(index)
                 sig.put(cargs, ckwargs, sig.generator, gen)
-            gen = runtime.sim_generator(gen)
+            gen = state.sim_generator(gen)
             if gen is not None:
-                result = runtime.run_drawing(gen, lambda: _run(sig, call, cargs, ckwargs))
+                result = state.run_drawing(gen, lambda: _run(sig, call, cargs, ckwargs))
                 return _finish(sig, call, args, kwargs, cargs, ckwargs, result)
         elif sig.seeded:
-            result = runtime.run_with_device_rng(index, lambda: _run(sig, call, cargs, ckwargs))
+            result = state.run_with_device_rng(index, lambda: _run(sig, call, cargs, ckwargs))
             return _finish(sig, call, args, kwargs, cargs, ckwargs, result)
         result = _run(sig, call, cargs, ckwargs)
         return _finish(sig, call, args, kwargs, cargs, ckwargs, result)
@@ -324,7 +324,7 @@ def _finish(sig: _Signature, call: _Call, args: tuple, kwargs: dict, cargs: list
 
 def _sync_written(call: _Call, original: Any, passed: Any) -> None:
     if isinstance(original, torch.Tensor):
-        if original.device.type == runtime.DEVICE_TYPE:
+        if original.device.type == state.DEVICE_TYPE:
             call.adopt(original, passed)
     elif isinstance(original, (list, tuple)):
         for o, p in zip(original, passed):
@@ -334,8 +334,8 @@ def _sync_written(call: _Call, original: Any, passed: Any) -> None:
 # -- kernels of their own ------------------------------------------------------------------------
 def _index_of(device: torch.device | None) -> int:
     if device is None or device.index is None:
-        return runtime.current_device()
-    return runtime.check_index(device.index)
+        return state.current_device()
+    return state.check_index(device.index)
 
 
 def _check_factory(layout: torch.layout | None, pin_memory: bool | None) -> None:
@@ -363,7 +363,7 @@ def _empty_strided(size, stride, dtype=None, layout=None, device=None, pin_memor
 
 def _copy_(self, src, non_blocking=False):
     for t, role in ((self, "to"), (src, "from")):
-        if t.device.type not in (runtime.DEVICE_TYPE, "cpu"):
+        if t.device.type not in (state.DEVICE_TYPE, "cpu"):
             raise RuntimeError(f"sim cannot copy {role} {t.device}")
     _on_host(self).copy_(_on_host(src))
     return self
@@ -375,7 +375,7 @@ def _copy_from(self, dst, non_blocking=False):
 
 def _copy_from_and_resize(self, dst):
     if tuple(dst.size()) != tuple(self.size()):
-        if dst.device.type == runtime.DEVICE_TYPE:
+        if dst.device.type == state.DEVICE_TYPE:
             _resize_(dst, self.size())
         else:
             dst.resize_(self.size())
@@ -487,7 +487,7 @@ def set_observer(observer: Callable[[str, int], None] | None) -> None:
 
 def _observed(name: str, kernel: Callable) -> Callable:
     def run(*args, **kwargs):
-        runtime.begin_use()
+        state.begin_use()
         observer = _observer
         if observer is None:
             return kernel(*args, **kwargs)

@@ -22,9 +22,10 @@ from typing import Any, Callable, Iterable
 
 import torch
 
-from ..aten import dispatcher
-from ..inline import InlineEvent, InlineStream
-from . import graphs, runtime, tensors
+from ...aten import dispatcher
+from ...inline import InlineEvent, InlineStream
+from . import graphs
+from . import state, tensors
 
 __all__ = [
     "is_available", "is_initialized", "init", "device_count", "current_device", "set_device", "device",
@@ -43,27 +44,27 @@ __all__ = [
 #: the dispatch key whose kernels make ``torch.autocast("<sim device>")`` cast
 AUTOCAST_KEY = "AutocastPrivateUse1"
 
-_index = runtime.to_index
+_index = state.to_index
 
 
 # -- availability and devices ----------------------------------------------------------------
 def is_available() -> bool:
     """True once the sim is installed with at least one device."""
-    return runtime.device_count() > 0
+    return state.device_count() > 0
 
 
 def is_initialized() -> bool:
     """Whether the devices were used in this process (see the module's docstring); False in a
     child forked after its parent used them."""
-    return runtime.in_use()
+    return state.in_use()
 
 
 def init() -> None:
     """Initialise the devices now (what their first use does); in a child forked after its
     parent used them, raise the chip's error naming the 'spawn' start method."""
     if not is_available():
-        raise RuntimeError(f"no {runtime.DEVICE_TYPE} device is installed")
-    runtime.begin_use()
+        raise RuntimeError(f"no {state.DEVICE_TYPE} device is installed")
+    state.begin_use()
 
 
 _lazy_init = init
@@ -72,17 +73,17 @@ _lazy_init = init
 
 def _is_in_bad_fork() -> bool:
     """Whether this process was forked from one that had used the devices."""
-    return runtime.in_bad_fork()
+    return state.in_bad_fork()
 
 
 def device_count() -> int:
     """Number of sim devices."""
-    return runtime.device_count()
+    return state.device_count()
 
 
 def current_device() -> int:
     """Index of the calling thread's current sim device."""
-    return runtime.current_device()
+    return state.current_device()
 
 
 def set_device(device: Any) -> None:
@@ -90,8 +91,8 @@ def set_device(device: Any) -> None:
     if isinstance(device, int) and device < 0:
         return
     index = _index(device)
-    runtime.begin_use()
-    runtime.set_current_device(index)
+    state.begin_use()
+    state.set_current_device(index)
 
 
 class device:
@@ -105,14 +106,14 @@ class device:
 
     def __enter__(self):
         if self.idx >= 0:
-            runtime.begin_use()
-            self.prev_idx = runtime.current_device()
-            runtime.set_current_device(self.idx)
+            state.begin_use()
+            self.prev_idx = state.current_device()
+            state.set_current_device(self.idx)
         return self
 
     def __exit__(self, *exc: object) -> bool:
         if self.idx >= 0:
-            runtime.set_current_device(self.prev_idx)
+            state.set_current_device(self.prev_idx)
         return False
 
 
@@ -120,7 +121,7 @@ class device_of(device):
     """Context manager that makes the device of tensor ``obj`` current (if it is a sim tensor)."""
 
     def __init__(self, obj: torch.Tensor):
-        super().__init__(obj.get_device() if obj.device.type == runtime.DEVICE_TYPE else -1)
+        super().__init__(obj.get_device() if obj.device.type == state.DEVICE_TYPE else -1)
 
 
 def synchronize(device: Any = None) -> None:
@@ -128,23 +129,23 @@ def synchronize(device: Any = None) -> None:
     while a graph capture forbids it (:func:`.graphs.check_not_capturing`)."""
     _index(device)
     graphs.check_not_capturing(_graph_api().runtime)
-    runtime.begin_use()
+    state.begin_use()
 
 
 def get_device_name(device: Any = None) -> str:
     """The devices' name: ``'flagos sim device'`` unless installed with another."""
     _index(device)
-    return runtime.DEVICE_NAME
+    return state.DEVICE_NAME
 
 
 class _DeviceProperties:
     """What :func:`get_device_properties` reports about one sim device."""
 
     def __init__(self, index: int):
-        self.name = runtime.DEVICE_NAME
-        self.type = runtime.DEVICE_TYPE
+        self.name = state.DEVICE_NAME
+        self.type = state.DEVICE_TYPE
         self.index = index
-        self.total_memory = runtime.allocator(index).capacity
+        self.total_memory = state.allocator(index).capacity
         self.is_integrated = True
         self.multi_processor_count = 1
         self.major = 0
@@ -167,7 +168,7 @@ def get_amp_supported_dtype() -> list[torch.dtype]:
     (``torch.autocast("sim", ...)`` then warns and stays off instead of casting nothing)."""
     if not dispatcher.autocast_casts(AUTOCAST_KEY):
         return []
-    return [torch.float16, torch.bfloat16] if runtime.BFLOAT16 else [torch.float16]
+    return [torch.float16, torch.bfloat16] if state.BFLOAT16 else [torch.float16]
 
 
 def is_bf16_supported(including_emulation: bool = True) -> bool:
@@ -189,36 +190,36 @@ def listen_for_absent_attributes(listener: Callable[[str], None]) -> None:
 
 
 def __getattr__(name: str) -> Any:
-    """``default_generators``: every device's generator (:class:`runtime.SimGenerator`), by index;
+    """``default_generators``: every device's generator (:class:`state.SimGenerator`), by index;
     ``_initialized``: :func:`is_initialized`; ``<TYPE>Graph`` (``SIMGraph``, ``NPUGraph``...) and
     ``graph``: the device's graph class and capturing context (:mod:`.graphs`). Any other name
     is told to the listeners of :func:`listen_for_absent_attributes` and stays absent."""
-    if name == "graph" or name == f"{runtime.DEVICE_TYPE.upper()}Graph":
+    if name == "graph" or name == f"{state.DEVICE_TYPE.upper()}Graph":
         api = _graph_api()
         return api.graph if name == "graph" else api.Graph
     if name == "default_generators":
-        return tuple(runtime.generator(i) for i in range(runtime.device_count()))
+        return tuple(state.generator(i) for i in range(state.device_count()))
     if name == "_initialized":  # torch.utils.checkpoint saves device RNG states only if True
         return is_initialized()
     for listener in _absent_attribute_listeners:
         listener(name)
-    raise AttributeError(f"module 'torch.{runtime.DEVICE_TYPE}' has no attribute {name!r}")
+    raise AttributeError(f"module 'torch.{state.DEVICE_TYPE}' has no attribute {name!r}")
 
 
 def manual_seed(seed: int) -> None:
     """Seed the current device's generator."""
-    runtime.generator(runtime.current_device()).manual_seed(int(seed))
+    state.generator(state.current_device()).manual_seed(int(seed))
 
 
 def manual_seed_all(seed: int) -> None:
     """Seed every device's generator."""
-    for i in range(runtime.device_count()):
-        runtime.generator(i).manual_seed(int(seed))
+    for i in range(state.device_count()):
+        state.generator(i).manual_seed(int(seed))
 
 
 def seed() -> None:
     """Seed the current device's generator with a non-deterministic number."""
-    runtime.generator(runtime.current_device()).seed()
+    state.generator(state.current_device()).seed()
 
 
 def seed_all() -> None:
@@ -229,28 +230,28 @@ def seed_all() -> None:
 
 def initial_seed() -> int:
     """The seed the current device's generator was last seeded with."""
-    return runtime.generator(runtime.current_device()).initial_seed()
+    return state.generator(state.current_device()).initial_seed()
 
 
 def get_rng_state(device: Any = None) -> torch.Tensor:
     """The state of ``device``'s generator (None: the current device): 16 bytes, seed then
-    offset, as a CPU ByteTensor (see :class:`runtime.SimGenerator`)."""
+    offset, as a CPU ByteTensor (see :class:`state.SimGenerator`)."""
     index = _index(device)
-    runtime.begin_use()
-    return runtime.generator(index).get_state()
+    state.begin_use()
+    return state.generator(index).get_state()
 
 
 def set_rng_state(new_state: torch.Tensor, device: Any = None) -> None:
     """Restore ``device``'s generator (None: the current device) from a state returned by
     :func:`get_rng_state`."""
     index = _index(device)
-    runtime.begin_use()
-    runtime.generator(index).set_state(new_state)
+    state.begin_use()
+    state.generator(index).set_state(new_state)
 
 
 def get_rng_state_all() -> list[torch.Tensor]:
     """Every device's generator state, by index."""
-    return [runtime.generator(i).get_state() for i in range(runtime.device_count())]
+    return [state.generator(i).get_state() for i in range(state.device_count())]
 
 
 def set_rng_state_all(new_states: Iterable[torch.Tensor]) -> None:
@@ -262,61 +263,61 @@ def set_rng_state_all(new_states: Iterable[torch.Tensor]) -> None:
 # -- memory ----------------------------------------------------------------------------------
 def memory_allocated(device: Any = None) -> int:
     """Bytes held by live sim tensors' storages on ``device`` (rounded to 512-byte blocks)."""
-    return runtime.allocator(_index(device)).allocated
+    return state.allocator(_index(device)).allocated
 
 
 def max_memory_allocated(device: Any = None) -> int:
     """Peak of :func:`memory_allocated` since start or the last :func:`reset_peak_memory_stats`."""
-    return runtime.allocator(_index(device)).max_allocated
+    return state.allocator(_index(device)).max_allocated
 
 
 def memory_reserved(device: Any = None) -> int:
     """Bytes reserved by ``device``'s caching allocator (allocated plus cached)."""
-    return runtime.allocator(_index(device)).reserved
+    return state.allocator(_index(device)).reserved
 
 
 def max_memory_reserved(device: Any = None) -> int:
     """Peak of :func:`memory_reserved` since start or the last :func:`reset_peak_memory_stats`."""
-    return runtime.allocator(_index(device)).max_reserved
+    return state.allocator(_index(device)).max_reserved
 
 
 def reset_peak_memory_stats(device: Any = None) -> None:
     """Set ``device``'s peak statistics to their current values."""
-    runtime.allocator(_index(device)).reset_peak()
+    state.allocator(_index(device)).reset_peak()
 
 
 def reset_accumulated_memory_stats(device: Any = None) -> None:
     """Zero ``device``'s cumulative counters (allocations, frees, retries, OOMs)."""
-    runtime.allocator(_index(device)).reset_accumulated()
+    state.allocator(_index(device)).reset_accumulated()
 
 
 def memory_stats(device: Any = None) -> collections.OrderedDict[str, int]:
     """``device``'s allocator statistics, keyed like ``torch.cuda.memory_stats``."""
-    return runtime.allocator(_index(device)).stats()
+    return state.allocator(_index(device)).stats()
 
 
 def mem_get_info(device: Any = None) -> tuple[int, int]:
     """``(free, total)`` bytes of ``device``: total is the memory limit if set, else the nominal
     16 GiB; free is total minus the reserved bytes."""
-    alloc = runtime.allocator(_index(device))
+    alloc = state.allocator(_index(device))
     return max(alloc.capacity - alloc.reserved, 0), alloc.capacity
 
 
 def empty_cache() -> None:
     """Release every device's cached, unused memory back to the host."""
-    for alloc in runtime.allocators():
+    for alloc in state.allocators():
         alloc.empty_cache()
 
 
 def set_per_process_memory_fraction(fraction: float, device: Any = None) -> None:
     """Let this process reserve at most ``fraction`` (a float in [0, 1]) of ``device``'s total
     memory; an allocation past it raises ``torch.OutOfMemoryError``, as on CUDA."""
-    runtime.allocator(_index(device)).set_fraction(fraction)
+    state.allocator(_index(device)).set_fraction(fraction)
 
 
 def get_per_process_memory_fraction(device: Any = None) -> float:
     """The share of ``device``'s total memory this process may reserve (1.0 unless set)."""
-    return runtime.allocator(_index(device)).fraction
+    return state.allocator(_index(device)).fraction
 
 
 _raw_blocks: dict[int, tuple[Any, Any]] = {}
@@ -330,8 +331,8 @@ def caching_allocator_alloc(size: int, device: Any = None, stream: Any = None) -
     if stream is not None and not isinstance(stream, int) and not hasattr(stream, "stream_id"):
         raise TypeError("Invalid type for stream argument, must be a stream of the device or `int` "
                         "representing a pointer to an existing stream")
-    alloc = runtime.allocator(_index(device))
-    runtime.begin_use()
+    alloc = state.allocator(_index(device))
+    state.begin_use()
     block = alloc.allocate(int(size))
     if block is None:
         return 0
@@ -362,7 +363,7 @@ class Event(InlineEvent):
     def record(self, stream: Stream | None = None) -> None:
         """Mark the event at the current host time on ``stream`` (default: the current one)."""
         stream = current_stream() if stream is None else stream
-        runtime.begin_use()
+        state.begin_use()
         super().record(stream)
 
 
@@ -375,8 +376,8 @@ class Stream(InlineStream):
     def __init__(self, device: Any = None, priority: int = 0, *, _stream_id: int | None = None):
         index = _index(device)
         if _stream_id is None:
-            runtime.begin_use()
-        super().__init__(torch.device(runtime.DEVICE_TYPE, index), priority, _stream_id)
+            state.begin_use()
+        super().__init__(torch.device(state.DEVICE_TYPE, index), priority, _stream_id)
 
 
 _default_streams: dict[int, Stream] = {}
@@ -388,7 +389,7 @@ def use_native_streams() -> None:
     native runtime's guard (:mod:`.native_streams`, imported only then: a torch older than the
     sim's floor has no ``torch.Event``), once it is registered."""
     global Stream, Event
-    from . import native_streams
+    from . import streams as native_streams
 
     Stream, Event = native_streams.Stream, native_streams.Event
 
@@ -396,8 +397,8 @@ def use_native_streams() -> None:
 def default_stream(device: Any = None) -> Stream:
     """``device``'s default stream."""
     index = _index(device)
-    if runtime.native() is not None:
-        from .native_streams import default_stream as native_default
+    if state.native() is not None:
+        from .streams import default_stream as native_default
 
         return native_default(index)
     s = _default_streams.get(index)
@@ -409,8 +410,8 @@ def default_stream(device: Any = None) -> Stream:
 def current_stream(device: Any = None) -> Stream:
     """The calling thread's current stream on ``device`` (its default stream unless set)."""
     index = _index(device)
-    if runtime.native() is not None:
-        from .native_streams import current_stream as native_current
+    if state.native() is not None:
+        from .streams import current_stream as native_current
 
         return native_current(index)
     current = getattr(_stream_local, "streams", {})
@@ -421,8 +422,8 @@ def set_stream(stream: Stream) -> None:
     """Make ``stream`` current on its device for the calling thread."""
     if stream is None:
         return
-    if runtime.native() is not None:
-        from .native_streams import set_stream as native_set
+    if state.native() is not None:
+        from .streams import set_stream as native_set
 
         return native_set(stream)
     if not hasattr(_stream_local, "streams"):
@@ -463,8 +464,8 @@ def stream(stream: Stream | None) -> StreamContext:
 def _graph_api() -> graphs.GraphAPI:
     """The graph API of the device type the sim was installed as (its name in the graph class
     and the runtime's messages: ``NPUGraph``, "NPU error: ...")."""
-    name = runtime.DEVICE_TYPE.upper()
-    return graphs.GraphAPI(graphs.GraphRuntime(name, runtime.DEVICE_TYPE, sys.modules[__name__],
+    name = state.DEVICE_TYPE.upper()
+    return graphs.GraphAPI(graphs.GraphRuntime(name, state.DEVICE_TYPE, sys.modules[__name__],
                                                tensors.host_view))
 
 

@@ -29,7 +29,7 @@ from typing import Any, Callable
 import torch
 import torch.autograd.variable
 
-from . import runtime, tensors
+from ..runtime import state, tensors
 
 _applied = False
 _keep_alive: list[object] = []
@@ -57,8 +57,8 @@ def apply(num_devices: int, native: bool = False) -> None:
 def _sim_index(device: Any) -> int | None:
     if isinstance(device, (str, torch.device)):
         device = torch.device(device)
-        if device.type == runtime.DEVICE_TYPE:
-            return runtime.to_index(device)
+        if device.type == state.DEVICE_TYPE:
+            return state.to_index(device)
     return None
 
 
@@ -121,37 +121,37 @@ def _patch_autograd_engine() -> None:
 # -- torch.accelerator -------------------------------------------------------------------------
 def _sim_is_accelerator() -> bool:
     acc = torch.accelerator.current_accelerator()
-    return acc is not None and acc.type == runtime.DEVICE_TYPE
+    return acc is not None and acc.type == state.DEVICE_TYPE
 
 
 def _synchronize(device: Any = None, /) -> None:
-    runtime.to_index(device)  # sim work runs inline: validating the device is all there is to do
+    state.to_index(device)  # sim work runs inline: validating the device is all there is to do
 
 
 def _set_device_index(device: Any, /) -> None:
-    runtime.set_current_device(runtime.to_index(device))
+    state.set_current_device(state.to_index(device))
 
 
 def _empty_cache() -> None:
-    for alloc in runtime.allocators():
+    for alloc in state.allocators():
         alloc.empty_cache()
 
 
 def _memory_info(device_index: Any = None, /) -> tuple[int, int]:
-    alloc = runtime.allocator(runtime.to_index(device_index))
+    alloc = state.allocator(state.to_index(device_index))
     return max(alloc.capacity - alloc.reserved, 0), alloc.capacity
 
 
 def _allocator_query(method: Callable[[Any], Any]) -> Callable[..., Any]:
     def query(device_index: Any = None, /) -> Any:
-        return method(runtime.allocator(runtime.to_index(device_index)))
+        return method(state.allocator(state.to_index(device_index)))
 
     return query
 
 
 _DEVICE_IMPLS: dict[str, Callable[..., Any]] = {
     "synchronize": _synchronize,
-    "current_device_index": runtime.current_device,
+    "current_device_index": state.current_device,
     "set_device_index": _set_device_index,
 }
 _MEMORY_IMPLS: dict[str, Callable[..., Any]] = {
@@ -205,7 +205,7 @@ class _GeneratorMeta(type):
 
 
 def _patch_generator() -> None:
-    """``torch.Generator("sim"[:N])``: a new :class:`runtime.SimGenerator` of that device."""
+    """``torch.Generator("sim"[:N])``: a new :class:`state.SimGenerator` of that device."""
     original = torch.Generator
 
     class Generator(metaclass=_GeneratorMeta):
@@ -214,7 +214,7 @@ def _patch_generator() -> None:
         def __new__(cls, device="cpu"):
             index = _sim_index(device)
             if index is not None:
-                return runtime.SimGenerator(index)
+                return state.SimGenerator(index)
             return original(device=device)
 
     Generator.__module__ = "torch"
@@ -248,7 +248,7 @@ def _patch_record_stream() -> None:
 
     @functools.wraps(original)
     def record_stream(self, stream):
-        if self.device.type == runtime.DEVICE_TYPE:
+        if self.device.type == state.DEVICE_TYPE:
             return None
         return original(self, stream)
 

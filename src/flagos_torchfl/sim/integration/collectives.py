@@ -67,8 +67,8 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from ..errors import ConfigError
-from .tensors import host_view
+from ...errors import ConfigError
+from ..runtime.tensors import host_view
 
 __all__ = ["register", "registered", "bytes_staged", "stats", "reset", "STAGED_OPS"]
 
@@ -201,7 +201,7 @@ def _check_name(name: object) -> str:
 
 
 def _check_device_type(device_type: object) -> None:
-    from . import is_installed
+    from .. import is_installed
 
     owner = torch._C._get_privateuse1_backend_name()
     if not isinstance(device_type, str) or device_type != owner or not is_installed():
@@ -327,7 +327,7 @@ class _Staging:
                 f"{exc}. The process group has no collective backend for {self.device.type} "
                 f"tensors: create it with a backend for them, e.g. "
                 f"init_process_group('cpu:gloo,{self.device.type}:NAME') with a name passed to "
-                f"flagos_torchfl.sim.collectives.register()") from None
+                f"flagos_torchfl.sim.integration.collectives.register()") from None
 
     def reduce_op(self, reduce_op: Any, size: int) -> Any:
         """The reduce op to hand to gloo for ``reduce_op`` (a ``c10d.ReduceOp`` script object),
