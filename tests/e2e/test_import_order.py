@@ -3,7 +3,9 @@
 before activation, after it, after a re-activation, and after a deactivation (then checked
 untouched) followed by a new activation. Each client runs unchanged with 2 processes under
 torchrun through ``clients/import_order.py``, which activates with ``ft.auto_select_backend()``,
-against the same client run plainly with gloo on CPU tensors.
+against the same client run plainly with gloo on CPU tensors. One torchrun job per order and
+backend runs the three clients one after another (the order is what is set up before them; a
+failing client fails the job, and so every case of it).
 
 The patches of those modules wait for the program's import (``waits_for``); each run prints
 which patches still wait once the order is set up, proving which order it really ran.
@@ -20,7 +22,7 @@ import pytest
 
 from flagos_torchfl import compat
 from flagos_torchfl.redirect.patches import REGISTRY
-from tests.e2e.test_distributed_clients import (CLIENTS, NEEDS, _run, _torchrun, assert_trained_like,
+from tests.e2e.test_distributed_clients import (CLIENTS, NEEDS, _port, _run, _torchrun, assert_trained_like,
                                                  client_marks, records, runnable)
 
 ORDER = str(CLIENTS / "import_order.py")
@@ -45,26 +47,35 @@ WAITING = {"before": LIBRARIES, "deactivated": LIBRARIES, "after": ["fsdp_device
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
+    """Each client's plain reference, and one job per (order, backend) of :data:`RUNS` that runs
+    every client runnable there, chained in the same two processes (``--next``): the order is
+    set up once, and each client still imports its modules in that order relative to activation."""
     root = tmp_path_factory.mktemp("orders")
-    jobs = {}
+    jobs, chains = {}, {}
     for client, extra in CLIENT_ARGS.items():
         script = str(CLIENTS / f"{client}.py")
         for order, backend in [("ref", "cpu"), *RUNS]:
             if not _runnable(client, backend):
                 continue
-            folder = root / f"{client}.{order}.{backend}"
-            folder.mkdir()
-            args = [a.format(out=folder) for a in extra] + [str(folder)]
+            folder = root / (f"{client}.ref" if order == "ref" else f"{order}.{backend}")
+            folder.mkdir(exist_ok=True)
+            args = [script, *[a.format(out=folder) for a in extra], str(folder)]
             if order == "ref":
-                argv = _torchrun(script, *args, "--cpu")
-                jobs[(client, order, backend)] = (lambda argv=argv: _run(argv), folder)
+                jobs[(client, order, backend)] = (lambda argv=_torchrun(*args, "--cpu"): _run(argv), folder)
             else:
-                argv = _torchrun(ORDER, order, script, *args)
-                jobs[(client, order, backend)] = (
-                    lambda argv=argv, backend=backend: _run(argv, env={"FL_BACKEND": backend}), folder)
+                chains.setdefault((order, backend), (folder, []))[1].append((client, args))
+    for (order, backend), (folder, chained) in chains.items():
+        argv = _torchrun(ORDER, order, *[word for i, (_, args) in enumerate(chained)
+                                          for word in (["--next", str(_port())] if i else []) + args])
+        job = (lambda argv=argv, backend=backend: _run(argv, env={"FL_BACKEND": backend}), folder)
+        for client, _ in chained:
+            jobs[(client, order, backend)] = job
     with concurrent.futures.ThreadPoolExecutor(4) as pool:
-        futures = {key: pool.submit(job) for key, (job, _) in jobs.items()}
-        return {"|".join(key): (futures[key].result(), folder) for key, (_, folder) in jobs.items()}
+        futures = {}
+        for key, (job, _) in jobs.items():
+            if job not in futures:
+                futures[job] = pool.submit(job)
+        return {"|".join(key): (futures[job].result(), folder) for key, (job, folder) in jobs.items()}
 
 
 def _runnable(client: str, backend: str) -> bool:

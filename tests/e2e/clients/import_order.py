@@ -2,7 +2,13 @@
 FSDP2, DTensor, tensor parallelism, device meshes, DCP) imported in a chosen order relative to
 activation:
 
-    torchrun --nproc_per_node=2 import_order.py ORDER CLIENT.py [CLIENT ARGS...]
+    torchrun --nproc_per_node=2 import_order.py ORDER CLIENT.py [ARGS...] [--next PORT CLIENT.py [ARGS...]]...
+
+Clients chained with ``--next`` run one after another in the same processes, in the order set
+up once (each imports what it needs after the ones before it: still in that order relative to
+activation), as ``__main__`` with their own argv; each writes its own record. A chained client
+starts its process group on a store of its own, which rank 0 serves on PORT (torchrun's store
+still holds the keys of the group before it, and a new default group would reuse them).
 
 - ``before``: the modules are imported, then the backend is activated (``FL_BACKEND``);
 - ``after``: activation, then the client imports them itself;
@@ -11,6 +17,7 @@ activation:
   untouched: torch's own functions and methods), then activation again.
 """
 import importlib
+import os
 import runpy
 import sys
 
@@ -39,7 +46,20 @@ def assert_untouched():
     assert tensor.init_device_mesh is original and _fsdp_init.init_device_mesh is original
 
 
-def main(order, client, args):
+def clients(words):
+    """``CLIENT.py ARGS... [--next PORT CLIENT.py ARGS...]...`` as [(port or None, client, args)]."""
+    groups, current = [], []
+    for word in [*words, "--next"]:
+        if word != "--next":
+            current.append(word)
+        elif current:
+            groups.append(current)
+            current = []
+    first, *rest = groups
+    return [(None, first[0], first[1:])] + [(port, client, args) for port, client, *args in rest]
+
+
+def main(order, chained):
     import flagos_torchfl as ft
 
     if order == "before":
@@ -66,9 +86,12 @@ def main(order, client, args):
     dynamo = "torch._dynamo.eval_frame" in sys.modules
     print(f"import_order {order}: dynamo imported {dynamo}; waiting for the import of "
           f"{redirect.waiting_patches()}", flush=True)
-    sys.argv = [client, *args]
-    runpy.run_path(client, run_name="__main__")
+    for port, client, args in chained:
+        if port is not None:  # rank 0 serves this client's store (torchelastic's own env:// way)
+            os.environ.update(MASTER_PORT=port, TORCHELASTIC_USE_AGENT_STORE="False")
+        sys.argv = [client, *args]
+        runpy.run_path(client, run_name="__main__")
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2], sys.argv[3:])
+    main(sys.argv[1], clients(sys.argv[2:]))
