@@ -5,7 +5,8 @@ Each script runs the three-line way (``run_with_ft.py``: import, ``ft.auto_selec
 then the script) and, where the launcher exists, as ``python -m flagos_torchfl run script.py``.
 When the selected backend is CUDA itself (NVIDIA, ROCm) the reference is the script run plainly,
 compared to a relative 1e-5 (GPU kernels may reduce in varying order); otherwise the twin's
-printed floats must be equal to the last digit.
+printed floats must be equal to the last digit. The twins are plain PyTorch that seed what they
+use: they run one after another in one interpreter (``run_twins.py``).
 """
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-#: the first test's setup runs every script (16 x 3 runs, two at a time): past pytest's 600 s on
+#: the first test's setup runs every script (16 x 2 runs and the twins, two at a time): past pytest's 600 s on
 #: torch 2.14.1 on a loaded 2-core VM
 pytestmark = pytest.mark.timeout(3600)
 CORPUS = Path(__file__).resolve().parent
@@ -47,8 +48,6 @@ def _native_cuda() -> bool:
 
 
 def _command(mode: str, script: str) -> list:
-    if mode == "twin":
-        return [sys.executable, str(TWINS / script)]
     if mode == "plain":
         return [sys.executable, str(CORPUS / script)]
     if mode == "api":
@@ -76,18 +75,43 @@ def losses(output: str) -> list:
     return found
 
 
+def _twins(scripts, out_dir: Path) -> dict:
+    """script -> its twin's run as a CompletedProcess: the twins run one after another in one
+    interpreter (``run_twins.py``: plain PyTorch, every twin seeds what it uses, so each prints
+    what it prints alone), which spares an interpreter start-up per script."""
+    command = [sys.executable, str(CORPUS / "run_twins.py"), str(out_dir), *[str(TWINS / s) for s in scripts]]
+    env = dict(os.environ, PYTHONHASHSEED="0")
+    try:
+        proc = subprocess.run(command, cwd=CORPUS, env=env, capture_output=True, text=True, timeout=2 * TIMEOUT)
+        whole = proc.stderr[-3000:]
+    except subprocess.TimeoutExpired:  # the twins that finished still report
+        whole = f"the twins' run timed out after {2 * TIMEOUT} s"
+    found = {}
+    for s in scripts:
+        out, err = out_dir / f"{s}.out", out_dir / f"{s}.err"
+        failed = err.exists() or not out.exists()
+        detail = (err.read_text() if err.exists() else "") + whole
+        found[s] = subprocess.CompletedProcess(command, 1 if failed else 0, out.read_text() if out.exists() else "",
+                                               detail if failed else "")
+    return found
+
+
 @pytest.fixture(scope="module")
-def runs(request):
+def runs(request, tmp_path_factory):
     """Every run the selected tests need (every script in every mode, unless ``-k`` or
-    ``--deselect`` leave some out), two at a time (the machine has two cores)."""
+    ``--deselect`` leave some out), two at a time (the machine has two cores); the twins, when
+    they are the reference, in one interpreter beside the others (:func:`_twins`)."""
     reference = "plain" if _native_cuda() else "twin"
     selected = {(item.callspec.params["mode"], item.callspec.params["script"]) for item in request.session.items
                 if item.module is request.module and "script" in getattr(getattr(item, "callspec", None), "params", {})
                 and item.get_closest_marker("skip") is None}
     scripts = sorted({s for _, s in selected})
-    jobs = [(reference, s) for s in scripts] + sorted(selected)
+    jobs = ([] if reference == "twin" else [(reference, s) for s in scripts]) + sorted(selected)
     with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
+        twins = pool.submit(_twins, scripts, tmp_path_factory.mktemp("twins")) if reference == "twin" else None
         results = dict(zip(jobs, pool.map(lambda job: _run(*job), jobs)))
+    if twins is not None:
+        results.update({("twin", s): proc for s, proc in twins.result().items()})
     return reference, results
 
 
