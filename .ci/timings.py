@@ -1,5 +1,6 @@
 """Where a CI leg's test time went, from its junit report: seconds per suite (the folder under
-tests/) and the slowest tests. The figures are worker-seconds: with pytest-xdist's two workers the
+tests/), per module (pytest-xdist's unit of work with ``--dist loadfile``: a module longer than
+about half the leg leaves a worker idle at its end) and the slowest tests. The figures are worker-seconds: with pytest-xdist's two workers the
 leg's wall time is about half their sum. An isolated module runs whole in a child interpreter
 during its first test, so that test carries the module's time, and so does a module fixture's
 first user.
@@ -14,12 +15,12 @@ from collections import defaultdict
 
 
 def cases(report: str):
-    """(suite, test id, seconds) of every test case in a junit report."""
+    """(suite, module, test id, seconds) of every test case in a junit report."""
     for case in ET.parse(report).iter("testcase"):
-        parts = case.get("classname", "").split(".")
+        module = case.get("classname", "")
+        parts = module.split(".")
         suite = parts[1] if len(parts) > 2 and parts[0] == "tests" else parts[0]
-        name = f"{case.get('classname')}::{case.get('name')}"
-        yield suite, name, float(case.get("time") or 0.0)
+        yield suite, module, f"{module}::{case.get('name')}", float(case.get("time") or 0.0)
 
 
 def main() -> None:
@@ -29,15 +30,20 @@ def main() -> None:
     args = parser.parse_args()
     rows = list(cases(args.report))
     per_suite: dict[str, list[float]] = defaultdict(list)
-    for suite, _, seconds in rows:
+    per_module: dict[str, list[float]] = defaultdict(list)
+    for suite, module, _, seconds in rows:
         per_suite[suite].append(seconds)
-    total = sum(seconds for _, _, seconds in rows)
+        per_module[module].append(seconds)
+    total = sum(seconds for *_, seconds in rows)
     print(f"{len(rows)} tests, {total:.0f} worker-seconds")
     print("per suite (worker-seconds, tests):")
     for suite, times in sorted(per_suite.items(), key=lambda item: -sum(item[1])):
         print(f"  {suite:<14} {sum(times):7.0f} s  {len(times):5d}")
-    print(f"slowest {args.slowest}:")
-    for _, name, seconds in sorted(rows, key=lambda row: -row[2])[:args.slowest]:
+    print(f"slowest {args.slowest} modules (worker-seconds, tests):")
+    for module, times in sorted(per_module.items(), key=lambda item: -sum(item[1]))[:args.slowest]:
+        print(f"  {sum(times):7.1f} s  {len(times):5d}  {module}")
+    print(f"slowest {args.slowest} tests:")
+    for *_, name, seconds in sorted(rows, key=lambda row: -row[3])[:args.slowest]:
         print(f"  {seconds:7.1f} s  {name}")
 
 
