@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import ast
 import concurrent.futures
-import sys
 
 import pytest
 
