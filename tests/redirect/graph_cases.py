@@ -2,7 +2,8 @@
 and replay through ``torch.cuda`` (PyTorch's documentation examples: whole-network capture of a
 training step, partial capture with ``make_graphed_callables``), what a capture refuses and with
 which message, random operators drawing fresh numbers at each replay, pools shared between
-graphs, and the compiled path. A module that imports them names its backend (``BACKEND``) and
+graphs (on a device with its own allocator: the memory a pool holds, reused and given back), and
+the compiled path. A module that imports them names its backend (``BACKEND``) and
 its sim profile (``PROFILE``, None: none); the sim's modules run in fresh interpreters."""
 from __future__ import annotations
 
@@ -157,6 +158,64 @@ def test_static_outputs_follow_static_inputs_and_pools_are_shared(accel):
         b.mul_(10)
     first.replay()
     assert b.tolist() == [0.0, 20.0, 40.0, 60.0]
+
+
+def _device_pool_or_skip() -> None:
+    if "allocation.all.current" not in torch.cuda.memory_stats():
+        pytest.skip("the host keeps no device pool: its graphs keep the tensors they touched")
+
+
+def test_graphs_sharing_a_pool_reuse_its_memory_which_eager_allocations_never_get(accel):
+    """CUDA's private graph pools: what a capture frees stays the graph's (not handed to an
+    eager allocation) and serves the next capture into the same pool; a graph with a pool of
+    its own does not get it."""
+    _device_pool_or_skip()
+    x = torch.ones(1024, device="cuda")
+    torch.cuda.empty_cache()
+    reserved = torch.cuda.memory_reserved()
+    first, second, alone = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
+    pool = torch.cuda.graph_pool_handle()
+    with torch.cuda.graph(first, pool=pool):
+        temporary = x * 2
+        out_first = temporary + 1
+        freed = temporary.data_ptr()
+        del temporary
+    assert torch.cuda.memory_reserved() > reserved  # the pool's segment counts, as CUDA's does
+    eager = [torch.empty(1024, device="cuda") for _ in range(4)]
+    assert freed not in {e.data_ptr() for e in eager}
+    with torch.cuda.graph(alone):
+        own = x * 4
+    with torch.cuda.graph(second, pool=first.pool()):
+        reused = x * 3
+        out_second = reused - 1
+    assert reused.data_ptr() == freed and own.data_ptr() != freed
+    x.fill_(2)
+    for graph in (first, second, alone):
+        graph.replay()
+    assert out_first.tolist() == [5.0] * 1024 and out_second.tolist() == [5.0] * 1024
+    assert own.tolist() == [8.0] * 1024
+
+
+def test_a_reset_graph_gives_its_pool_back(accel):
+    """The graph's memory counts in ``memory_allocated``/``memory_stats`` while it lives; after
+    ``reset()`` and the program's last reference, ``empty_cache`` returns the pool."""
+    _device_pool_or_skip()
+    x = torch.ones(256, 256, device="cuda")
+    torch.cuda.empty_cache()
+    allocated, reserved = torch.cuda.memory_allocated(), torch.cuda.memory_reserved()
+    segments = torch.cuda.memory_stats()["segment.all.current"]
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = (x @ x).relu()
+    assert torch.cuda.memory_allocated() >= allocated + out.nbytes
+    assert torch.cuda.memory_stats()["segment.all.current"] > segments
+    del out
+    torch.cuda.empty_cache()  # the pool is the graph's while it lives
+    assert torch.cuda.memory_reserved() > reserved
+    graph.reset()
+    torch.cuda.empty_cache()
+    assert torch.cuda.memory_allocated() == allocated and torch.cuda.memory_reserved() == reserved
+    assert torch.cuda.memory_stats()["segment.all.current"] == segments
 
 
 def test_capturing_is_reported_on_the_capturing_stream_only(accel):

@@ -20,6 +20,15 @@ One :class:`CachingAllocator` per sim device. Memory is reserved from the host i
   fails with :class:`torch.OutOfMemoryError` (counted in ``num_ooms``). A small-pool segment is
   shortened to what the capacity leaves when the full 2 MiB would not fit.
 
+*Private pools* hold the memory of device graphs, as CUDA's graph pools do: while a thread
+allocates to a pool (:meth:`CachingAllocator.allocating_to`, around each call a graph capture
+records), its requests are carved from segments of that pool only, and blocks freed there go back
+to it; no other request is given a pool's memory. A pool lives while a graph uses it
+(:meth:`CachingAllocator.retain_pool` / :meth:`CachingAllocator.release_pool`, by its token:
+graphs sharing a token share the memory, and one graph's freed blocks serve the next capture);
+once none does, :meth:`CachingAllocator.empty_cache` gives its free segments back to the host.
+Its blocks and segments count in every statistic, as CUDA counts a graph pool's.
+
 Statistics follow ``torch.cuda.memory_stats`` naming (``allocated_bytes.all.current`` ...).
 The allocator is safe to call from several threads and from a finalizer that fires while it is
 busy (such frees are queued and applied before the busy call returns).
@@ -28,9 +37,10 @@ from __future__ import annotations
 
 import bisect
 import collections
+import contextlib
 import logging
 import threading
-from typing import Callable
+from typing import Callable, Iterator
 
 import torch
 
@@ -61,16 +71,23 @@ def format_size(nbytes: int) -> str:
 
 
 class _Segment:
-    """A host buffer reserved for the device; owns the bytes of the blocks carved from it."""
+    """A host buffer reserved for the device; owns the bytes of the blocks carved from it.
+    ``private``: the token of the graph pool it belongs to (None: the device's own pools)."""
 
-    __slots__ = ("buffer", "ptr", "size", "pool", "blocks")
+    __slots__ = ("buffer", "ptr", "size", "pool", "blocks", "private")
 
-    def __init__(self, size: int, pool: str):
+    def __init__(self, size: int, pool: str, private: tuple | None = None):
         self.buffer = torch.empty(size, dtype=torch.uint8, device="cpu")
         self.ptr = self.buffer.data_ptr()
         self.size = size
         self.pool = pool
         self.blocks = 0
+        self.private = private
+
+    @property
+    def free_list(self) -> tuple:
+        """The key of the free list its free blocks go to."""
+        return self.private, self.pool
 
 
 class Block:
@@ -121,8 +138,12 @@ class CachingAllocator:
         self._lock = threading.RLock()
         self._depth = 0
         self._pending: collections.deque[Block] = collections.deque()
-        self._free: dict[str, list[tuple[int, int, Block]]] = {pool: [] for pool in _POOLS}
+        #: free blocks by (graph pool token or None, size pool), best fit first
+        self._free: dict[tuple, list[tuple[int, int, Block]]] = {(None, pool): [] for pool in _POOLS}
         self._segments: set[_Segment] = set()
+        #: graph pools: token -> how many graphs use it; threads allocating to one: id -> token
+        self._pool_users: dict[tuple, int] = {}
+        self._routes: dict[int, tuple] = {}
         self._stats = {name: {group: _Stat() for group in _STAT_GROUPS} for name in
                        ("allocation", "segment", "allocated_bytes", "reserved_bytes",
                         "requested_bytes")}
@@ -175,12 +196,13 @@ class CachingAllocator:
             return None
         size = round_size(nbytes)
         pool = "small_pool" if size <= SMALL_REQUEST else "large_pool"
+        private = self._routes.get(threading.get_ident()) if self._routes else None
         with self._lock:
             self._depth += 1
             try:
-                block = self._take_cached(size, pool)
+                block = self._take_cached(size, (private, pool))
                 if block is None:
-                    block = self._new_segment_block(size, nbytes, pool)
+                    block = self._new_segment_block(size, nbytes, pool, private)
                 block.free = False
                 block.requested = nbytes
                 block.segment.blocks += 1
@@ -213,6 +235,45 @@ class CachingAllocator:
             finally:
                 self._leave()
 
+    # -- graph pools --------------------------------------------------------------------------
+    def retain_pool(self, token: tuple) -> None:
+        """A graph begins to use the pool ``token`` (made at its first use)."""
+        with self._lock:
+            self._pool_users[token] = self._pool_users.get(token, 0) + 1
+            for pool in _POOLS:
+                self._free.setdefault((token, pool), [])
+
+    def release_pool(self, token: tuple) -> None:
+        """A graph stops using the pool ``token``; with no graph left, :meth:`empty_cache`
+        gives the pool's free segments back to the host."""
+        with self._lock:
+            users = self._pool_users.get(token, 0)
+            if users <= 0:
+                raise RuntimeError(f"graph pool {token} of {self._device_name(self.device_index)} is not in use")
+            self._pool_users[token] = users - 1
+
+    @contextlib.contextmanager
+    def allocating_to(self, token: tuple) -> Iterator[None]:
+        """Within the block, the calling thread's requests take memory of the pool ``token``
+        (which a graph must be using)."""
+        if not self._pool_users.get(token):
+            raise RuntimeError(f"graph pool {token} of {self._device_name(self.device_index)} is not in use")
+        me = threading.get_ident()
+        before = self._routes.get(me)
+        self._routes[me] = token
+        try:
+            yield
+        finally:
+            if before is None:
+                del self._routes[me]
+            else:
+                self._routes[me] = before
+
+    def pool_reserved(self, token: tuple) -> int:
+        """Bytes of the segments of the pool ``token``."""
+        with self._lock:
+            return sum(seg.size for seg in self._segments if seg.private == token)
+
     def _leave(self) -> None:
         try:
             while self._pending and self._depth == 1:
@@ -220,8 +281,8 @@ class CachingAllocator:
         finally:
             self._depth -= 1
 
-    def _take_cached(self, size: int, pool: str) -> Block | None:
-        free = self._free[pool]
+    def _take_cached(self, size: int, free_list: tuple) -> Block | None:
+        free = self._free[free_list]
         i = bisect.bisect_left(free, (size, 0))
         if i == len(free):
             return None
@@ -242,17 +303,17 @@ class CachingAllocator:
         self._insert_free(tail)
 
     def _insert_free(self, block: Block) -> None:
-        bisect.insort(self._free[block.segment.pool], (block.size, block.ptr, block))
+        bisect.insort(self._free[block.segment.free_list], (block.size, block.ptr, block))
 
     def _remove_free(self, block: Block) -> None:
-        free = self._free[block.segment.pool]
+        free = self._free[block.segment.free_list]
         i = bisect.bisect_left(free, (block.size, block.ptr))
         if i < len(free) and free[i][2] is block:
             del free[i]
         else:  # defensive: never expected, keeps the cache consistent if it happens
             free[:] = [entry for entry in free if entry[2] is not block]
 
-    def _new_segment_block(self, size: int, nbytes: int, pool: str) -> Block:
+    def _new_segment_block(self, size: int, nbytes: int, pool: str, private: tuple | None) -> Block:
         seg_size = self._segment_size(size, pool)
         if seg_size is None:
             self.num_alloc_retries += 1
@@ -263,11 +324,11 @@ class CachingAllocator:
         if seg_size is None:
             self._raise_oom(nbytes, size)
         try:
-            segment = _Segment(seg_size, pool)
+            segment = _Segment(seg_size, pool, private)
         except RuntimeError:  # the host itself is out of memory
             self._release_free_segments()
             try:
-                segment = _Segment(seg_size, pool)
+                segment = _Segment(seg_size, pool, private)
             except RuntimeError:
                 self._raise_oom(nbytes, size, host=True)
         self._segments.add(segment)
@@ -344,10 +405,14 @@ class CachingAllocator:
         block.size += other.size
 
     def _release_free_segments(self) -> int:
+        """Give back every wholly free segment of the device's pools and of graph pools no graph
+        uses (a pool with neither users nor segments is forgotten)."""
         released = 0
-        for pool in _POOLS:
+        for (private, pool), free in list(self._free.items()):
+            if private is not None and self._pool_users.get(private):
+                continue
             keep = []
-            for entry in self._free[pool]:
+            for entry in free:
                 block = entry[2]
                 seg = block.segment
                 if block.prev is None and block.next is None and seg.blocks == 0:
@@ -358,7 +423,12 @@ class CachingAllocator:
                         self._stats["reserved_bytes"][group].decrease(seg.size)
                 else:
                     keep.append(entry)
-            self._free[pool] = keep
+            self._free[(private, pool)] = keep
+        for token in [t for t, users in self._pool_users.items() if not users]:
+            if not any(seg.private == token for seg in self._segments):
+                del self._pool_users[token]
+                for pool in _POOLS:
+                    del self._free[(token, pool)]
         return released
 
     # -- statistics -------------------------------------------------------------------------

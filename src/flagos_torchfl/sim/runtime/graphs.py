@@ -9,9 +9,18 @@ tensors the capture makes hold values at once (a CUDA capture runs nothing until
 replay); the memory that existed before the capture and that a call wrote is saved before that
 write and put back at ``capture_end``, so the capture changes nothing the program had, as on CUDA
 (a captured ``optimizer.step()`` updates the parameters at each replay, not at the capture). Calls
-on other devices only run, as on CUDA. The graph keeps every tensor the recorded calls read or
-wrote: its memory is the graph's own until :meth:`DeviceGraph.reset`, and a replay writes to the
-same memory the capture did, where the program's static inputs and outputs are.
+on other devices only run, as on CUDA. A replay writes to the same memory the capture did, where
+the program's static inputs and outputs are.
+
+**Memory.** On the sim the recorded calls allocate from the graph's private pool of the device's
+allocator (``pool``: a token of :func:`graph_pool_handle` or another graph's :meth:`DeviceGraph.pool`,
+shared with that graph; else a pool of its own): a tensor the capture made and the program dropped
+is free in the pool, its memory still the graph's (a replay writes there) and no eager allocation's,
+and a later capture into the same pool may use it, as CUDA's graphs sharing a pool do (replay them
+in the order they were captured). The graph keeps the tensors it did not make (parameters, static
+inputs) alive. :meth:`DeviceGraph.reset` (or dropping the graph) lets go of the pool; once no graph
+uses it, ``empty_cache`` gives its memory back. On the host, whose tensors are the host's own
+memory, the graph keeps every tensor the recorded calls touched until its reset.
 
 **Replay.** Views are not replayed (a view made during capture already shows the memory).
 Every other call runs again on host views of its tensors' memory (the device's own storage; on
@@ -31,6 +40,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import sys
 import threading
 import types
 from typing import Any, Callable, List, Optional, Tuple
@@ -104,14 +114,24 @@ def is_current_stream_capturing(runtime: GraphRuntime) -> bool:
     return bool(streams) and runtime.module.current_stream() in streams
 
 
-class _Recorder(TorchDispatchMode):
-    """Records the calls of one capture (see the module's docstring) and refuses what a
-    capture forbids."""
+def _device_allocator(runtime: GraphRuntime) -> Optional[Any]:
+    """The caching allocator of the current device where the sim's allocator serves the runtime's
+    device type; None on the host (the graph keeps what it touched)."""
+    state = sys.modules.get(f"{__package__}.state")
+    if state is None or runtime.device_type != state.DEVICE_TYPE:
+        return None
+    return state.allocator(state.current_device())
 
-    def __init__(self, capture: _Capture):
+
+class _Recorder(TorchDispatchMode):
+    """Records the calls of one capture as replay steps (see the module's docstring), their
+    allocations taken from the graph's pool, and refuses what a capture forbids."""
+
+    def __init__(self, capture: _Capture, allocator: Optional[Any], token: Tuple[int, int]):
         super().__init__()
         self.capture = capture
-        self.calls: List[Tuple[Any, tuple, dict, Any]] = []
+        self.allocator, self.token = allocator, token
+        self.steps: List[_Step] = []
         #: storages the capture made (by address), and the saved bytes of those it wrote but did not make
         self.made: set = set()
         self.saved: dict = {}
@@ -127,11 +147,17 @@ class _Recorder(TorchDispatchMode):
         mutates = _mutates(func)
         if mutates:
             self._save_written(func, args, kwargs, runtime)
-        out = func(*args, **kwargs)
+        if self.allocator is None:
+            out = func(*args, **kwargs)
+        else:
+            with self.allocator.allocating_to(self.token):
+                out = func(*args, **kwargs)
         if on_device or any(x.device.type == runtime.device_type for x in _tensors(out)):
-            self.calls.append((func, args, kwargs, out))
             if not mutates and not _is_view(func):
                 self.made.update(_address(x) for x in _tensors(out))
+            step = self.capture.graph._step(func, args, kwargs, out, self.made)
+            if step is not None:
+                self.steps.append(step)
         return out
 
     def _save_written(self, func, args, kwargs, runtime: GraphRuntime) -> None:
@@ -166,6 +192,13 @@ class _Recorder(TorchDispatchMode):
         if func.overloadpacket is torch.ops.aten.copy_:
             return args[0].device.type == "cpu"
         return False
+
+
+def _unowned(view: torch.Tensor) -> torch.Tensor:
+    """A host tensor on the memory of host tensor ``view`` that does not keep it alive."""
+    storage = view.untyped_storage()
+    alias = torch._C._construct_storage_from_data_pointer(storage.data_ptr(), view.device, storage.nbytes())
+    return torch.empty(0, dtype=view.dtype).set_(alias, view.storage_offset(), view.size(), view.stride())
 
 
 def _address(tensor: torch.Tensor) -> int:
@@ -222,10 +255,11 @@ class DeviceGraph:
     def __init__(self, keep_graph: bool = False):
         self._keep_graph = bool(keep_graph)
         self._steps: Optional[List[_Step]] = None
-        self._held: Tuple[Any, ...] = ()
         self._capture: Optional[_Capture] = None
         self._recorder: Optional[_Recorder] = None
         self._pool: Optional[Tuple[int, int]] = None
+        #: the allocator whose pool ``_pool`` this graph uses, until its reset
+        self._pool_allocator: Optional[Any] = None
         self._debug = False
 
     def capture_begin(self, pool: Any = None, capture_error_mode: str = "global", **_: Any) -> None:
@@ -245,10 +279,14 @@ class DeviceGraph:
             raise RuntimeError(f"{name} graphs must be captured on a non-default stream. (However, after "
                                "capture, it's ok to replay them on the default stream.)")
         self._pool = tuple(pool) if pool is not None else (next(_pool_ids), 0)
+        allocator = _device_allocator(self.runtime)
+        if allocator is not None:
+            allocator.retain_pool(self._pool)
+            self._pool_allocator = allocator
         capture = _Capture(self, threading.get_ident(), stream, capture_error_mode)
         with _captures_lock:
             _captures.append(capture)
-        self._capture, self._recorder = capture, _Recorder(capture)
+        self._capture, self._recorder = capture, _Recorder(capture, allocator, self._pool)
         self._recorder.__enter__()
 
     def capture_end(self) -> None:
@@ -263,31 +301,38 @@ class DeviceGraph:
         with torch.no_grad():
             recorder.restore()
         if capture.failed:
+            self._release_pool()
             raise _accelerator_error(f"{self.runtime.name} error: operation failed due to a previous error "
                                      "during capture")
-        self._steps = [step for step in map(self._step, recorder.calls) if step is not None]
-        self._held = tuple(recorder.calls)
+        self._steps = recorder.steps
 
-    def _step(self, call) -> Optional[_Step]:
-        func, args, kwargs, out = call
+    def _step(self, func, args, kwargs, out, made: set) -> Optional[_Step]:
+        """The replay step of a recorded call (None: a view or an allocation, nothing to run).
+        Tensors in ``made`` (storage addresses the capture made) are reached through aliases
+        that do not keep them alive when the graph's pool holds their memory."""
         if _is_view(func) or func.overloadpacket.__name__ in _ALLOCATIONS:
             return None
         mutates = _mutates(func)
         if torch.Tag.nondeterministic_seeded in func.tags:
             into = None if mutates else _tensors(out)
             return _Step(func, args, kwargs, into)
-        host = self._host
+        device_type, pooled = self.runtime.device_type, self._pool_allocator is not None
+
+        def host(value: Any) -> Any:
+            if isinstance(value, torch.Tensor) and value.device.type == device_type:
+                view = self.runtime.host_view(value)
+                return _unowned(view) if pooled and _address(value) in made else view
+            if isinstance(value, torch.device) and value.type == device_type:
+                return torch.device("cpu")
+            return value
+
         into = None if mutates else [host(x) for x in _tensors(out)]
         return _Step(func, tree_map(host, args), tree_map(host, kwargs), into)
 
-    def _host(self, value: Any) -> Any:
-        """A device tensor's host view, a device argument's host; anything else itself."""
-        device_type = self.runtime.device_type
-        if isinstance(value, torch.Tensor) and value.device.type == device_type:
-            return self.runtime.host_view(value)
-        if isinstance(value, torch.device) and value.type == device_type:
-            return torch.device("cpu")
-        return value
+    def _release_pool(self) -> None:
+        allocator, self._pool_allocator = self._pool_allocator, None
+        if allocator is not None:
+            allocator.release_pool(self._pool)
 
     def instantiate(self) -> None:
         """Nothing to do: a captured graph replays as it is."""
@@ -301,8 +346,17 @@ class DeviceGraph:
                 step.run()
 
     def reset(self) -> None:
-        """Drop the captured calls and the memory they held; the graph may capture again."""
-        self._steps, self._held = None, ()
+        """Drop the captured calls and let go of the graph's pool (its memory is given back once
+        no graph uses the pool); the graph may capture again."""
+        if self._capture is not None:
+            raise RuntimeError(f"{self.runtime.name}Graph::reset called during a capture")
+        self._steps = None
+        self._release_pool()
+
+    def __del__(self) -> None:
+        if getattr(self, "_pool_allocator", None) is not None and not sys.is_finalizing():
+            self._steps = None
+            self._release_pool()
 
     def pool(self) -> Tuple[int, int]:
         """The token of this graph's memory pool (another graph's capture may share it)."""
