@@ -14,7 +14,7 @@ Workloads (float32, one intra-op thread, the model and optimizer built once per 
 Each round times ``--steps`` steps on each device (after warm-up steps), the device order
 alternating from round to round; per workload it reports the median step time of each device,
 and the median and spread (min-max) of the per-round ratios sim/cpu. Each sim runtime
-(``FL_SIM_RUNTIME=native`` and ``python``) runs in a child process of its own, since a process
+(``FL_SIM_RUNTIME=cpp`` and ``python``) runs in a child process of its own, since a process
 has one; and so does each native set (``--sets``): ``default`` (the Core ATen set, the rest served
 by the routing layer's composites and fallbacks) and ``device`` (a CUDA-like set,
 ``flagos_torchfl.sim.operators.native_ops.device_kernel_ops()``: every operator with a CPU kernel of its
@@ -22,7 +22,7 @@ own, the ``_foreach_*`` and fused optimizer kernels). ``--profile WORKLOAD`` pri
 operators by self CPU time, three steps). The machine's load average is printed before and after.
 
     python benchmarks/sim_speed.py [--rounds 7] [--steps 3] [--only mlp,gpt-small]
-                                   [--runtimes native,python] [--sets default,device] [--profile mlp]
+                                   [--runtimes cpp,python] [--sets default,device] [--profile mlp]
 """
 from __future__ import annotations
 
@@ -217,7 +217,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--only", default=",".join(WORKLOADS))
-    parser.add_argument("--runtimes", default="native,python")
+    parser.add_argument("--runtimes", default="cpp,python")
     parser.add_argument("--sets", default="default,device")
     parser.add_argument("--profile", metavar="WORKLOAD")
     parser.add_argument("--child", metavar="RUNTIME", help=argparse.SUPPRESS)

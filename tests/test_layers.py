@@ -9,7 +9,7 @@ import pytest
 from tests.helpers import ROOT
 
 SRC = ROOT / "src" / "flagos_torchfl"
-#: package -> the packages of flagos_torchfl it may import (besides errors, log, variables, config, compat, data_files, selection_view,
+#: package -> the packages of flagos_torchfl it may import (besides errors, log, variables, config, compat, data_files, selection_view, patching,
 #: autoload, atomic_file, inline, optimizer_steps)
 ALLOWED = {
     "aten": set(),
@@ -23,7 +23,7 @@ ALLOWED = {
     "surface": {"backends", "sim", "machine"},
 }
 BASE = {"errors", "log", "variables", "config", "compat", "autoload", "atomic_file", "inline", "optimizer_steps",
-        "data_files", "selection_view"}
+        "data_files", "selection_view", "patching"}
 
 
 def imported_modules(path):
@@ -78,7 +78,7 @@ def test_the_sims_parts_import_only_lower_ones(part):
 #: every module and package of flagos_torchfl, by layer, lowest first: each may import the base
 #: modules and what lies in a lower layer, nothing beside or above it (docs/design.md, "Layers")
 LAYERS = (
-    ("base", {"errors", "autoload", "compat", "entry_points", "inline", "optimizer_steps", "version", "data_files", "selection_view",
+    ("base", {"errors", "autoload", "compat", "entry_points", "inline", "optimizer_steps", "version", "data_files", "selection_view", "patching",
               "active", "config", "log", "variables", "atomic_file", "checkpoint_files"}),
     ("operators", {"aten"}),
     ("simulated device", {"sim"}),

@@ -73,3 +73,10 @@ def test_defaults_and_unknown_names():
     assert variables.read("FL_SIM_DEVICES", {"FL_SIM_DEVICES": "128"}) == 128
     with pytest.raises(ConfigError, match="Did you mean 'FL_BACKEND'"):
         variables.read("FL_BACKNED")
+
+
+def test_a_renamed_value_is_read_as_its_new_name_with_a_warning():
+    with pytest.warns(FutureWarning, match="FL_SIM_RUNTIME=native is deprecated: say FL_SIM_RUNTIME=cpp"):
+        assert variables.read("FL_SIM_RUNTIME", {"FL_SIM_RUNTIME": "native"}) == "cpp"
+    with pytest.raises(ConfigError, match="Did you mean 'cpp'"):
+        variables.read("FL_SIM_RUNTIME", {"FL_SIM_RUNTIME": "cppp"})

@@ -1,8 +1,9 @@
 """Write the patch table of ``docs/design.md`` ("Redirection") from the registry.
 
-Each row is one registered patch, in the order activation applies them: its name, the module it
-waits for (``⧗``; none: applied at activation), the family module that defines it, and the first
-paragraph of its docstring. The table lies between the two marker lines :data:`BEGIN` and
+Each row is one patch, in the order they apply: the sim's (``sim/integration/torch_patches.py``'s
+``PATCHES``, family ``sim``), then the registry's: its name, the module it waits for (``⧗``; none:
+applied at activation), the family module that defines it, and the first paragraph of its
+docstring. The table lies between the two marker lines :data:`BEGIN` and
 :data:`END`; nothing else of the file changes. ``tests/redirect/test_patch_table.py`` fails when
 the committed table is not what this writes.
 
@@ -32,11 +33,15 @@ def markdown(text: str) -> str:
 
 
 def rows() -> list:
-    """The table's lines: header, rule, one row per registered patch in registry order."""
+    """The table's lines: header, rule, one row per patch in the order they apply: the sim's
+    (family ``sim``: applied when the sim is installed, for the process), then the registry's."""
     import flagos_torchfl.redirect  # noqa: F401  (registers every family's patches)
     from flagos_torchfl.redirect.patches import REGISTRY
+    from flagos_torchfl.sim.integration.torch_patches import PATCHES
 
     lines = ["| patch | family | what it covers |", "|---|---|---|"]
+    for name, _, change in PATCHES:
+        lines.append(f"| `{name}` | `sim` | {markdown((inspect.getdoc(change) or '').split(chr(10) * 2)[0])} |")
     for patch in REGISTRY:
         name = f"`{patch.name}`"
         if patch.waits_for:

@@ -14,6 +14,7 @@ import dataclasses
 import math
 import os
 import re
+import warnings
 from typing import Any, Callable, Dict, Mapping, MutableMapping, Optional, Tuple
 
 from . import config
@@ -59,9 +60,14 @@ def _device_count(name: str) -> Callable[[str], int]:
     return parse
 
 
-def _choice(name: str, choices: Tuple[str, ...]) -> Callable[[str], str]:
+def _choice(name: str, choices: Tuple[str, ...], renamed: Optional[Dict[str, str]] = None) -> Callable[[str], str]:
+    """A parser of one of ``choices``; ``renamed``: former names -> their choice, accepted with a
+    FutureWarning saying the new name."""
     def parse(text: str) -> str:
         value = text.lower()
+        if renamed and value in renamed:
+            warnings.warn(f"{name}={text} is deprecated: say {name}={renamed[value]}", FutureWarning, stacklevel=2)
+            return renamed[value]
         if value not in choices:
             raise ConfigError(f"{name}={text!r} is not valid.{suggestion(value, choices)} Valid: {', '.join(choices)}")
         return value
@@ -133,10 +139,11 @@ _DECLARED = (
              "or one model of it, e.g. `ascend:910a`"),
     Variable("FL_SIM_DEVICE_MEMORY", _device_memory, None,
              "memory per `sim` device, e.g. `64GiB` (default: the profile's chip, else 16 GiB)"),
-    Variable("FL_SIM_RUNTIME", _choice("FL_SIM_RUNTIME", ("auto", "native", "python")), "auto",
-             "`sim`'s device runtime: `native` (its C++ guard, built at first use with the machine's C++ "
-             "compiler), `python` (its Python guard: fewer of PyTorch's questions answered), `auto` "
-             "(native where it can be built, else python with a warning)"),
+    Variable("FL_SIM_RUNTIME", _choice("FL_SIM_RUNTIME", ("auto", "cpp", "python"), renamed={"native": "cpp"}),
+             "auto",
+             "`sim`'s device runtime: `cpp` (its C++ runtime, built at first use with the machine's C++ "
+             "compiler; `native`, its former name, still works), `python` (its Python guard: fewer of "
+             "PyTorch's questions answered), `auto` (cpp where it can be built, else python with a warning)"),
     Variable("FL_FALLBACK_BUDGET", _text, None,
              "fail the run when host fallbacks exceed a count (`10`) or a share of operator time "
              "(`5%`); `:strict` (or `strict` alone, for none) fails at the first violation"),

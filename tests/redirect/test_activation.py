@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import flagos_torchfl as ft
-from flagos_torchfl import redirect
+from flagos_torchfl import patching, redirect
 from flagos_torchfl.errors import ActivationError
 from flagos_torchfl.redirect import Target, patches
 from flagos_torchfl.backends import get_backend
@@ -182,7 +182,7 @@ def test_patcher_restores_exactly():
     class Special(types.ModuleType):
         pass
 
-    patcher = patches.Patcher()
+    patcher = patching.Patcher()
     patcher.setattr(Child, "method", lambda self: "patched")  # inherited: deleted again on undo
     patcher.setattr(Child, "own", 2)
     patcher.setitem(table, "kept", 5)

@@ -1,4 +1,4 @@
-"""docs/design.md's patch table is the registry's: every registered patch, in order, as
+"""docs/design.md's patch table is the patches': the sim's and every registered one, in order, as
 ``tools/patch_table.py`` writes it."""
 from __future__ import annotations
 
@@ -22,12 +22,13 @@ def test_the_committed_table_is_the_registrys():
     assert tool.render(document) == document, "docs/design.md's patch table is stale: run python tools/patch_table.py"
 
 
-def test_every_registered_patch_has_a_row_in_order():
+def test_every_patch_has_a_row_in_order():
     from flagos_torchfl.redirect.patches import REGISTRY
+    from flagos_torchfl.sim.integration.torch_patches import PATCHES
 
     tool = _tool()
     names = [row.split("`")[1] for row in tool.rows()[2:]]
-    assert names == [p.name for p in REGISTRY]
+    assert names == [name for name, _, _ in PATCHES] + [p.name for p in REGISTRY]
 
 
 def test_a_patch_registered_later_makes_the_table_stale():

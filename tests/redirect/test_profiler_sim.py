@@ -1,6 +1,6 @@
 """The profiler asked for CUDA on the sim (PrivateUse1, so this module runs in an interpreter of
 its own): the sim's activity and device, device time from its profiler stubs, device memory
-reported by its native runtime, nothing printed by torch's C++ side; the program through the
+reported by its C++ runtime, nothing printed by torch's C++ side; the program through the
 launcher on the sim and the Ascend profile."""
 from __future__ import annotations
 
@@ -48,7 +48,7 @@ def test_the_cuda_activity_is_the_sims(sim_backend, capfd, tmp_path, activities)
 def test_the_native_runtime_reports_device_memory(sim_backend):
     from flagos_torchfl.sim.runtime import state as runtime
 
-    native = runtime.native()
+    native = runtime.cpp_runtime()
     if native is None:
         pytest.skip("the sim runs on its Python guard here (no C++ compiler)")
     matmul()

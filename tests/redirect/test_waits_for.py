@@ -11,7 +11,7 @@ import textwrap
 import pytest
 
 import flagos_torchfl as ft
-from flagos_torchfl import redirect
+from flagos_torchfl import patching, redirect
 from flagos_torchfl.redirect import patches
 
 BODY = '''
@@ -62,7 +62,7 @@ def _register(monkeypatch, *extra):
 
 
 def _hooks():
-    return [f for f in sys.meta_path if isinstance(f, patches.ImportHook)]
+    return [f for f in sys.meta_path if isinstance(f, patching.ImportHook)]
 
 
 def test_module_imported_after_activation_is_patched_as_it_is_imported(scratch, monkeypatch):
@@ -191,7 +191,7 @@ def test_waits_for_must_name_a_module():
 
 
 def test_hook_ignores_modules_it_does_not_wait_for():
-    hook = patches.ImportHook()
+    hook = patching.ImportHook()
     assert hook.find_spec("json") is None
     seen = []
     hook.wait_for("fl_never_written", seen.append)
@@ -221,14 +221,14 @@ def test_a_module_imported_while_its_patch_is_queued_is_patched_at_once(scratch,
     # interleaving injected: another import of the module completes between activation's
     # "not imported yet" and the hook's registration
     name = scratch("fl_scratch_race")
-    original = patches.ImportHook.wait_for
+    original = patching.ImportHook.wait_for
 
     def wait_for(self, module, callback):
         if module == name:  # the package's own waiting patches (DeepSpeed's) keep waiting
             importlib.import_module(module)
         original(self, module, callback)
 
-    monkeypatch.setattr(patches.ImportHook, "wait_for", wait_for)
+    monkeypatch.setattr(patching.ImportHook, "wait_for", wait_for)
     _register(monkeypatch, _greeting_patch(name))
     ft.init_backend("cpu")
     assert sys.modules[name].greet() == "redirected (torch's own)"

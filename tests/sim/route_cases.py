@@ -1,6 +1,6 @@
 """What a sim kernel promises (``flagos_torchfl.sim.operators.kernels``' docstring), checked the same way on
-both runtimes: the native route's C++ kernel (test_native_route.py) and the Python kernels
-(test_native_route_python.py). Each module defines the ``sim`` fixture that installs its runtime;
+both runtimes: the C++ route's C++ kernel (test_cpp_route.py) and the Python kernels
+(test_python_route.py). Each module defines the ``sim`` fixture that installs its runtime;
 the tests here compare with the same operation on CPU tensors."""
 from __future__ import annotations
 

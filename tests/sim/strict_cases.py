@@ -1,9 +1,23 @@
 """What a device refuses or keeps, checked on the sim against the CPU: imported by the test
-modules of each sim runtime (the cases take their ``sim`` fixture)."""
+modules of each sim runtime (the cases take their ``sim`` fixture, :func:`activated_sim`)."""
 from __future__ import annotations
+
+import os
 
 import pytest
 import torch
+
+import flagos_torchfl as ft
+
+
+def activated_sim(runtime: str):
+    """The sim activated alone (no other FL_ variable) on ``runtime``; deactivated after."""
+    for name in [n for n in os.environ if n.startswith("FL_")]:
+        del os.environ[name]
+    os.environ.update(FL_SIM_RUNTIME=runtime)
+    ft.init_backend("sim")
+    yield torch.sim
+    ft.deactivate()
 
 
 def test_a_cpu_out_tensor_is_refused_as_a_device_refuses_it(sim):

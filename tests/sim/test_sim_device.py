@@ -161,7 +161,7 @@ def test_streams_and_events(sim):
     end.synchronize()
     assert end.query() and start.elapsed_time(end) >= 0.0
     # torch.Event raises ValueError where torch.cuda.Event raises RuntimeError; the sim's
-    # events are torch.Events with its native runtime, its own (CUDA's errors) without
+    # events are torch.Events with its C++ runtime, its own (CUDA's errors) without
     with pytest.raises((RuntimeError, ValueError), match="enable_timing"):
         sim.Event().elapsed_time(end)
     with pytest.raises((RuntimeError, ValueError), match="recorded"):

@@ -21,7 +21,7 @@ def sim():
         del os.environ[name]
     os.environ.update(FL_SIM_RUNTIME="python", FL_SIM_DEVICES="2")
     ft.init_backend("sim")  # with routing: the operators the sim lacks take their routes
-    assert fsim.runtime_kind() == "python" and fsim.native_problem() is None
+    assert fsim.runtime_kind() == "python" and fsim.cpp_problem() is None
     yield torch.sim
     ft.deactivate()
 

@@ -2,22 +2,14 @@
 :mod:`tests.sim.strict_cases`."""
 from __future__ import annotations
 
-import os
-
 import pytest
-import torch
 
-import flagos_torchfl as ft
 from tests.sim.strict_cases import *  # noqa: F401,F403 - the shared cases
+from tests.sim.strict_cases import activated_sim
 
 pytestmark = [pytest.mark.isolated, pytest.mark.needs_sim]
 
 
 @pytest.fixture(scope="module")
 def sim():
-    for name in [n for n in os.environ if n.startswith("FL_")]:
-        del os.environ[name]
-    os.environ.update(FL_SIM_RUNTIME="python")
-    ft.init_backend("sim")
-    yield torch.sim
-    ft.deactivate()
+    yield from activated_sim("python")

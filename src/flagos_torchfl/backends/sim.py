@@ -39,19 +39,19 @@ class SimBackend(Backend):
 
     @property
     def pins_at_allocation(self) -> bool:
-        """With its native runtime, whose hooks give PyTorch a pinned host allocator; its Python
+        """With its C++ runtime, whose hooks give PyTorch a pinned host allocator; its Python
         guard cannot register one (factories then allocate and pin)."""
         from .. import sim
 
-        return sim.runtime_kind() == "native"
+        return sim.runtime_kind() == "cpp"
 
     @property
     def resolves_unindexed_device(self) -> bool:
-        """Without its native runtime: the Python device guard cannot follow ``set_device``, so
+        """Without its C++ runtime: the Python device guard cannot follow ``set_device``, so
         ``"sim"`` without an index is resolved to the current device before it reaches torch."""
         from .. import sim
 
-        return sim.runtime_kind() != "native"
+        return sim.runtime_kind() != "cpp"
 
     def probe(self, timeout=None, count_ops=True, query_tools=True, driver=None) -> ProbeResult:
         from .. import compat
@@ -79,7 +79,7 @@ class SimBackend(Backend):
         friendly names of the semantic table, or a file such as one ``ops --export`` wrote), or
         the table of the chip ``FL_SIM_PROFILE`` names; None for the default set. ``profile``:
         that chip (None: none). ``device_memory``: ``FL_SIM_DEVICE_MEMORY`` (None: unset).
-        ``runtime``: ``FL_SIM_RUNTIME`` (``auto``, ``native`` or ``python``)."""
+        ``runtime``: ``FL_SIM_RUNTIME`` (``auto``, ``cpp`` or ``python``)."""
         spec = variables.read("FL_SIM_NATIVE_OPS", environ)
         profile = variables.read("FL_SIM_PROFILE", environ)
         memory = variables.read("FL_SIM_DEVICE_MEMORY", environ)
@@ -117,19 +117,19 @@ class SimBackend(Backend):
 
     def observe_native_calls(self, observer):
         """The sim times every native kernel call on the host: its Python kernels and, with the
-        native runtime, its C++ ones."""
+        C++ runtime, the C++ route's too."""
         from ..sim.operators import kernels
         from ..sim.runtime import state
 
-        native = state.native()
+        cpp_runtime = state.cpp_runtime()
         kernels.set_observer(observer)
-        if native is not None:
-            native.set_observer(observer)
+        if cpp_runtime is not None:
+            cpp_runtime.set_observer(observer)
 
         def stop() -> None:
             kernels.set_observer(None)
-            if native is not None:
-                native.set_observer(None)
+            if cpp_runtime is not None:
+                cpp_runtime.set_observer(None)
 
         return stop
 

@@ -20,7 +20,8 @@ from ..errors import ActivationError
 from ..log import get_logger
 from . import factories
 from .devices import DeviceOrdinalError, Target
-from .patches import REGISTRY, Patch, Patcher
+from ..patching import Patcher
+from .patches import REGISTRY, Patch
 from .shims import find_shim, refuse_if_shimmed
 from ..selection_view import SelectionView
 

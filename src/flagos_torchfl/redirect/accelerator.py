@@ -39,7 +39,8 @@ import torch
 from .. import compat
 from .cuda_facade import ThreadDepth, asked_by_torch_accelerator
 from .devices import Target
-from .patches import Patcher, patch_function
+from ..patching import Patcher
+from .patches import patch_function
 
 _ASKED = ("device_count", "is_available", "current_accelerator")
 #: set while the hint patch is active: {"backend": name} and, once asked, {"asked": True}

@@ -13,7 +13,8 @@ import torch
 from .. import compat
 from ..errors import UnsupportedFeatureError
 from .devices import Target
-from .patches import Patcher, patch_function
+from ..patching import Patcher
+from .patches import patch_function
 
 
 @patch_function("autocast")

@@ -5,7 +5,8 @@ from __future__ import annotations
 import functools
 
 from .devices import Target
-from .patches import Patcher, patch_function
+from ..patching import Patcher
+from .patches import patch_function
 
 
 @patch_function("flex_attention", waits_for="torch.nn.attention.flex_attention")

@@ -31,7 +31,8 @@ from typing import Dict, Optional, Tuple
 
 from ..log import get_logger
 from .devices import Target
-from .patches import Patcher, patch_function
+from ..patching import Patcher
+from .patches import patch_function
 
 log = get_logger("redirect")
 

@@ -21,7 +21,8 @@ from .. import compat
 from .cuda_facade import asked_by_torch_accelerator
 from .devices import Target
 from .factories import original_of
-from .patches import Patcher, patch_function
+from ..patching import Patcher
+from .patches import patch_function
 
 FALLBACK = "aot_eager"
 """The dynamo backend a graph without an Inductor code generator is compiled with."""

@@ -35,7 +35,8 @@ from .. import compat
 from ..tables.device_modules import missing_uses
 from .cuda_facade import LEGACY_TYPES, PASS, CudaFacade
 from .devices import Target
-from .patches import Patcher, patch_function
+from ..patching import Patcher
+from .patches import patch_function
 from .standins import unserved
 
 _active: Dict[str, Any] = {"facade": None, "backends_cuda": None}

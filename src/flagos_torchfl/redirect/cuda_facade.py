@@ -575,6 +575,57 @@ class CudaFacade:
             served = {name: getattr(own, name, fn) for name, fn in served.items()}
         return Namespace("torch.cuda.nvtx", served, None, self.t)
 
+    # ------------------------------------------------------------------ memory and random
+    def _memory_query(self, name: str, device: Any, empty: Any) -> Any:
+        """The backend's ``name`` of logical ``device`` (None: the current one); ``empty`` where
+        its module has none (the device is still checked)."""
+        found = self._mod(name)
+        if found is None:
+            self.t.logical_index(device)
+            return empty
+        return found(self._phys(device))
+
+    def memory_allocated(self, device: Any = None) -> int:
+        """The backend's ``memory_allocated`` of logical ``device``; 0 where its module has none."""
+        return self._memory_query("memory_allocated", device, 0)
+
+    def memory_reserved(self, device: Any = None) -> int:
+        """The backend's ``memory_reserved`` of logical ``device``; 0 where its module has none."""
+        return self._memory_query("memory_reserved", device, 0)
+
+    def max_memory_allocated(self, device: Any = None) -> int:
+        """The backend's ``max_memory_allocated`` of logical ``device``; 0 where its module has none."""
+        return self._memory_query("max_memory_allocated", device, 0)
+
+    def max_memory_reserved(self, device: Any = None) -> int:
+        """The backend's ``max_memory_reserved`` of logical ``device``; 0 where its module has none."""
+        return self._memory_query("max_memory_reserved", device, 0)
+
+    def reset_peak_memory_stats(self, device: Any = None) -> None:
+        """The backend's ``reset_peak_memory_stats`` of logical ``device``; nothing where its module has none."""
+        return self._memory_query("reset_peak_memory_stats", device, None)
+
+    def reset_accumulated_memory_stats(self, device: Any = None) -> None:
+        """The backend's ``reset_accumulated_memory_stats`` of logical ``device``; nothing where its
+        module has none."""
+        return self._memory_query("reset_accumulated_memory_stats", device, None)
+
+    def memory_stats(self, device: Any = None) -> dict:
+        """The backend's ``memory_stats`` of logical ``device``; ``{}`` where its module has none."""
+        return self._memory_query("memory_stats", device, {})
+
+    def seed(self) -> None:
+        """The backend's ``seed()``: the current device's generator seeded with a random number."""
+        return self._mod("seed")()
+
+    def seed_all(self) -> None:
+        """The backend's ``seed_all()``: every device's generator seeded with a random number."""
+        return self._mod("seed_all")()
+
+    def initial_seed(self) -> int:
+        """The backend's ``initial_seed()``: the current generator's initial seed."""
+        return self._mod("initial_seed")()
+
 
 @functools.lru_cache(maxsize=None)
 def handle_stream_class() -> type:
@@ -599,42 +650,3 @@ def with_handle(stream: Any) -> Any:
         return handle_stream_class()(stream_id=stream.stream_id, device_index=stream.device_index,
                                      device_type=stream.device_type)
     return stream
-
-
-#: the backend's memory counters and resets that take a device, and the answer where its module
-#: has none (on the cpu backend they are the process's resident memory figures)
-MEMORY_QUERIES = {"memory_allocated": 0, "memory_reserved": 0, "max_memory_allocated": 0,
-                  "max_memory_reserved": 0, "reset_peak_memory_stats": None,
-                  "reset_accumulated_memory_stats": None, "memory_stats": {}}
-#: the backend's random-number calls that take nothing: seed the current device's generator
-#: with a random number, every device's, the current generator's initial seed
-RANDOM_CALLS = ("seed", "seed_all", "initial_seed")
-
-
-def _memory_query(name: str, empty: Any) -> Callable:
-    def query(self: CudaFacade, device: Any = None) -> Any:
-        found = self._mod(name)
-        if found is None:
-            self.t.logical_index(device)
-            return empty
-        return found(self._phys(device))
-
-    query.__name__ = query.__qualname__ = name
-    query.__doc__ = (f"The backend's ``{name}`` of logical ``device`` (None: the current one); "
-                     f"{empty!r} where its module has none.")
-    return query
-
-
-def _random_call(name: str) -> Callable:
-    def call(self: CudaFacade) -> Any:
-        return self._mod(name)()
-
-    call.__name__ = call.__qualname__ = name
-    call.__doc__ = f"The backend's ``{name}()``."
-    return call
-
-
-for _name, _empty in MEMORY_QUERIES.items():
-    setattr(CudaFacade, _name, _memory_query(_name, _empty))
-for _name in RANDOM_CALLS:
-    setattr(CudaFacade, _name, _random_call(_name))

@@ -43,7 +43,8 @@ import torch
 
 from .. import compat
 from .devices import Target
-from .patches import Patcher, patch_function
+from ..patching import Patcher
+from .patches import patch_function
 
 _CUDA = "CUDA"
 _DEVICE_TYPES = ("Device", "Device?", "Optional[Device]")
@@ -116,6 +117,7 @@ def patch_cuda_device_operators(target: Target, patcher: Patcher) -> None:
     def undo() -> None:
         for library in libraries.values():
             compat.destroy_library(library)
+        _DEVICE_KERNELS.clear()
 
     patcher.call(lambda: None, undo, "kernels on the CUDA key for operators called with a CUDA device")
     with warnings.catch_warnings():
@@ -130,6 +132,18 @@ def patch_cuda_device_operators(target: Target, patcher: Patcher) -> None:
                 libraries[namespace] = torch.library.Library(namespace, "IMPL")
             libraries[namespace].impl(name.partition("::")[2], _device_kernel(target, name, replaced),
                                       _CUDA, with_keyset=True)
+            _DEVICE_KERNELS.add(_impls_entry(name, _CUDA))
+
+
+#: the ``torch.library._impls`` entries of :func:`patch_cuda_device_operators`'s kernels (this
+#: package's, not a library's kernels for CUDA: never mirrored)
+_DEVICE_KERNELS: set = set()
+
+
+def _impls_entry(name: str, key: str) -> str:
+    """``torch.library._impls``'s entry for a kernel of ``ns::op[.overload]`` on ``key``."""
+    namespace, _, rest = name.partition("::")
+    return f"{namespace}/{rest}/{key}"
 
 
 # ------------------------------------------------------------------ kernels registered for CUDA
@@ -138,6 +152,8 @@ def _python_registrations(key: str) -> Dict[str, str]:
     library (``torch.library._impls``), not by torch itself -> the ``_impls`` entry."""
     found = {}
     for entry in list(torch.library._impls):
+        if entry in _DEVICE_KERNELS:
+            continue
         namespace, _, rest = entry.partition("/")
         name, _, entry_key = rest.rpartition("/")
         if entry_key == key and not _registered_by_torch(f"{namespace}::{name}", key):

@@ -34,7 +34,8 @@ from typing import Any, Callable, List, Optional, Sequence
 import torch
 
 from .devices import Target
-from .patches import Patcher, patch_function, with_edited_arguments
+from ..patching import Patcher, with_edited_arguments
+from .patches import patch_function
 
 
 def _numbers_devices(target: Target) -> bool:

@@ -19,7 +19,8 @@ from typing import Any
 
 from .cuda_api import active_facade
 from .devices import Target
-from .patches import Patcher, patch_function
+from ..patching import Patcher
+from .patches import patch_function
 
 
 @patch_function("deepspeed_accelerator", waits_for="deepspeed.accelerator")

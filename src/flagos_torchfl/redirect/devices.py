@@ -22,8 +22,9 @@ from typing import Any, Callable, Optional, Sequence, Tuple
 import torch
 
 from ..errors import DeviceOrdinalError
-from .patches import patch_function
+from ..patching import generator_class
 from ..selection_view import SelectionView
+from .patches import patch_function
 
 
 _LOW_PRECISION = {"bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -265,28 +266,10 @@ def patch_device_context(target: Target, patcher) -> None:
     patcher.setattr(DeviceContext, "__init__", __init__)
 
 
-class _GeneratorMeta(type):
-    """Keeps ``isinstance(g, torch.Generator)`` true for every real generator."""
-
-    def __instancecheck__(cls, instance):
-        return isinstance(instance, torch._C.Generator)
-
-    def __subclasscheck__(cls, subclass):
-        return issubclass(subclass, torch._C.Generator)
-
-
 @patch_function("generator", on_cuda=True)
 def patch_generator(target: Target, patcher) -> None:
     """``torch.Generator("cuda")`` / ``torch.Generator(device="cuda:N")``: a generator of the
     target device (a real ``torch._C.Generator``; isinstance checks keep working)."""
     original = torch.Generator
-
-    class Generator(metaclass=_GeneratorMeta):
-        __doc__ = original.__doc__
-
-        def __new__(cls, device="cpu"):
-            return original(device=target.translate(device))
-
-    Generator.__module__ = "torch"
-    Generator.__qualname__ = Generator.__name__ = "Generator"
-    patcher.setattr(torch, "Generator", Generator)
+    patcher.setattr(torch, "Generator",
+                    generator_class(original, lambda device="cpu": original(device=target.translate(device))))

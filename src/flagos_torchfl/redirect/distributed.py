@@ -24,7 +24,8 @@ import torch
 from .. import compat
 from ..data_files import read_json
 from .devices import Target
-from .patches import Patcher, patch_function, with_edited_arguments
+from ..patching import Patcher, with_edited_arguments
+from .patches import patch_function
 
 
 def translate_backend(target: Target, backend: Any) -> Any:

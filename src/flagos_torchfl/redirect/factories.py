@@ -28,7 +28,8 @@ from typing import Callable, List, Tuple
 import torch
 
 from .devices import Target
-from .patches import Patcher, patch_function
+from ..patching import Patcher
+from .patches import patch_function
 
 #: factories outside torch's device-constructor list that take ``device=``
 LIKE_FACTORIES = (

@@ -23,7 +23,8 @@ import torch
 
 from .accelerator import not_asked_by_the_program
 from .devices import Target
-from .patches import Patcher, patch_function
+from ..patching import Patcher
+from .patches import patch_function
 
 _QUESTION = "get_torch_accelerator_backend"
 

@@ -25,7 +25,8 @@ import warnings
 import torch
 
 from .devices import Target
-from .patches import Patcher, patch_function
+from ..patching import Patcher
+from .patches import patch_function
 
 
 def own_activity(target: Target):

@@ -14,7 +14,8 @@ import torch
 
 from ..errors import DeviceOrdinalError
 from .devices import Target
-from .patches import Patcher, patch_function
+from ..patching import Patcher
+from .patches import patch_function
 
 
 def _location(target: Target, location: Any) -> Any:

@@ -12,7 +12,8 @@ import weakref
 import torch
 
 from .devices import Target
-from .patches import Patcher, patch_function
+from ..patching import Patcher
+from .patches import patch_function
 
 _DEVICE_CLASSES = (str, torch.device, int)
 

@@ -1,5 +1,5 @@
 """``sim``: a simulated accelerator on PyTorch's PrivateUse1 dispatch key: its runtime (Python, with a
-small C++ part built at first use: :mod:`.native`), its operators and its integration with torch.
+small C++ part built at first use: :mod:`.runtime.cpp`), its operators and its integration with torch.
 
 After :func:`install`, ``torch.device("sim")`` is a device like any other: tensors live in memory
 of their own (host memory managed by a per-device caching allocator, never shared with CPU
@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import threading
 import types
+import warnings
 from typing import Iterable
 
 import torch
@@ -29,7 +30,7 @@ from .operators.native_ops import (RUNTIME_PRIMITIVES, can_run_natively, default
 
 __all__ = [
     "install", "is_installed", "native_op_names", "default_native_ops", "parse_native_ops",
-    "set_memory_limit", "host_view", "RUNTIME_PRIMITIVES", "runtime_kind", "native_problem",
+    "set_memory_limit", "host_view", "RUNTIME_PRIMITIVES", "runtime_kind", "cpp_problem",
 ]
 
 logger = logging.getLogger("flagos_torchfl.sim")
@@ -47,9 +48,10 @@ def install(num_devices: int = 1, native_ops: Iterable[str] | None = None,
     (also ``torch.<device_type>``). ``device_name``: what ``get_device_name`` answers (None:
     ``'flagos sim device'``). ``bfloat16``: whether the devices compute bfloat16 (False, as on
     a chip model without it: ``is_bf16_supported()`` is False and autocast takes float16 only).
-    ``runtime``: the device runtime, ``"native"`` (the C++ guard, hooks and profiler stubs of
-    :mod:`.native`, built at first use; an error where it cannot be had), ``"python"`` (the
-    Python guard) or ``"auto"`` (native where it can be had, else Python, with a warning).
+    ``runtime``: the device runtime, ``"cpp"`` (the C++ runtime of :mod:`.runtime.cpp`: guard,
+    hooks, allocators, built at first use; an error where it cannot be had), ``"python"`` (the
+    Python guard) or ``"auto"`` (cpp where it can be had, else Python, with a warning);
+    ``"native"``, the former name of ``"cpp"``, is accepted with a FutureWarning.
 
     ``num_devices``: number of sim devices (``sim:0`` ...). ``native_ops``: the overloads the
     devices run natively, fully qualified as :func:`parse_native_ops` and
@@ -71,6 +73,10 @@ def install(num_devices: int = 1, native_ops: Iterable[str] | None = None,
     global _installed
     num_devices = _check_device_count(num_devices, "num_devices")
     _check_limit(memory_limit)
+    if runtime in registration.RENAMED_MODES:
+        warnings.warn(f"sim runtime {runtime!r} is deprecated: say {registration.RENAMED_MODES[runtime]!r}",
+                      FutureWarning, stacklevel=2)
+        runtime = registration.RENAMED_MODES[runtime]
     if runtime not in registration.RUNTIME_MODES:
         raise ConfigError(f"unknown sim runtime {runtime!r}.{suggestion(str(runtime), registration.RUNTIME_MODES)} "
                           f"Valid: {', '.join(registration.RUNTIME_MODES)}")
@@ -140,16 +146,16 @@ def _check_limit(limit: object) -> None:
 
 
 def runtime_kind() -> str | None:
-    """The installed sim's device runtime: ``"native"`` or ``"python"``; None before install."""
+    """The installed sim's device runtime: ``"cpp"`` or ``"python"``; None before install."""
     if _installed is None:
         return None
-    return "python" if state.native() is None else "native"
+    return "python" if state.cpp_runtime() is None else "cpp"
 
 
-def native_problem() -> str | None:
+def cpp_problem() -> str | None:
     """Why ``runtime="auto"`` ran the sim with its Python guard in this process (None: it did
     not)."""
-    return registration.native_problem()
+    return registration.cpp_problem()
 
 
 def is_installed() -> bool:

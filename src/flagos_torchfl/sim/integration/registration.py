@@ -15,7 +15,7 @@ from ... import compat
 from ...aten.dispatcher import has_backend_fallback, schema_of, tagged
 from ...errors import BackendUnavailableError, PrivateUse1ClaimedError
 from ..runtime import device as device_module
-from ..operators import kernels, sparse
+from ..operators import kernels, quantized, sparse
 from ..runtime import cpp, state, tensors
 from . import inductor, torch_patches
 
@@ -48,51 +48,53 @@ def _guard_and_hooks() -> tuple[object, object]:
     return DeviceGuard(), Hooks()
 
 
-RUNTIME_MODES = ("auto", "native", "python")
+RUNTIME_MODES = ("auto", "cpp", "python")
+#: former names of runtime modes -> the mode
+RENAMED_MODES = {"native": "cpp"}
 
-_native_problem: str | None = None
+_cpp_problem: str | None = None
 
 
-def native_problem() -> str | None:
+def cpp_problem() -> str | None:
     """Why the sim runs with its Python guard in this process (None: it does not, or it was
     asked to)."""
-    return _native_problem
+    return _cpp_problem
 
 
-def _native_runtime(mode: str, device_type: str) -> cpp.NativeRuntime | None:
-    """The native runtime to register for ``mode`` (None: the Python guard)."""
-    global _native_problem
+def _cpp_runtime(mode: str, device_type: str) -> cpp.CppRuntime | None:
+    """The C++ runtime to register for ``mode`` (None: the Python guard)."""
+    global _cpp_problem
     if mode == "python":
         return None
     try:
         return cpp.load()
-    except cpp.NativeUnavailable as exc:
-        if mode == "native":
-            raise BackendUnavailableError(device_type, f"the sim's native runtime cannot be had: {exc}") from exc
-        _native_problem = str(exc)
+    except cpp.CppUnavailable as exc:
+        if mode == "cpp":
+            raise BackendUnavailableError(device_type, f"the sim's C++ runtime cannot be had: {exc}") from exc
+        _cpp_problem = str(exc)
         logger.warning("sim: running with its Python device guard, which answers fewer of PyTorch's "
                        "questions (streams and events per device, torch.accelerator.device_index, "
                        "pinned memory, the profiler): %s", exc)
         return None
 
 
-def _register_native(native_runtime: cpp.NativeRuntime, num_devices: int, bfloat16: bool) -> None:
+def _register_cpp(cpp_runtime: cpp.CppRuntime, num_devices: int, bfloat16: bool) -> None:
     try:
-        native_runtime.register(num_devices, bfloat16)
-    except cpp.NativeUnavailable as exc:
+        cpp_runtime.register(num_devices, bfloat16)
+    except cpp.CppUnavailable as exc:
         raise PrivateUse1ClaimedError(str(exc)) from exc
-    state.use_native(native_runtime)
-    device_module.use_native_streams()
+    state.use_cpp(cpp_runtime)
+    device_module.use_cpp_streams()
     try:
-        native_runtime.install_memory(tensors.native_allocate, tensors.native_free, tensors.native_service)
-    except cpp.NativeUnavailable as exc:
-        raise BackendUnavailableError(state.DEVICE_TYPE, f"the sim's native runtime cannot hold its memory: {exc}") from exc
+        cpp_runtime.install_memory(tensors.cpp_allocate, tensors.cpp_free, tensors.cpp_service)
+    except cpp.CppUnavailable as exc:
+        raise BackendUnavailableError(state.DEVICE_TYPE, f"the sim's C++ runtime cannot hold its memory: {exc}") from exc
 
 
-NATIVE_RUNTIME_KERNELS = frozenset({
+CPP_RUNTIME_KERNELS = frozenset({
     "aten::empty.memory_format", "aten::empty_strided", "aten::copy_", "aten::_copy_from",
 })
-"""Runtime primitives the native runtime implements in C++ (the rest of
+"""Runtime primitives the C++ runtime implements in C++ (the rest of
 :data:`~.kernels.SPECIAL_KERNELS` stay Python's: ``set_``, ``resize_`` and their kin)."""
 
 
@@ -117,14 +119,14 @@ def _built_at_first_call(name: str):
     return run
 
 
-def native_route(names: Iterable[str]) -> frozenset[str]:
-    """The overloads of ``names`` that the native runtime's C++ kernel serves: all but the
+def cpp_route(names: Iterable[str]) -> frozenset[str]:
+    """The overloads of ``names`` that the C++ runtime's C++ kernel serves: all but the
     runtime's Python primitives, the ``*_overrideable`` stubs (which run another operator) and
     random operators (which draw from the device's generator, a Python object)."""
     chosen = set()
     for name in names:
         if name in kernels.SPECIAL_KERNELS:
-            if name in NATIVE_RUNTIME_KERNELS:
+            if name in CPP_RUNTIME_KERNELS:
                 chosen.add(name)
             continue
         if name in kernels.HOST_EQUIVALENTS:
@@ -201,12 +203,12 @@ def claim(num_devices: int, memory_limit: int | None, native: Iterable[str],
           device_type: str = "sim", device_name: str | None = None,
           bfloat16: bool = True, runtime_mode: str = "auto") -> types.ModuleType:
     """Register the sim on PrivateUse1 as device type ``device_type``; returns the device module
-    (``torch.<device_type>``). ``runtime_mode``: ``"native"`` registers the native runtime
-    (:mod:`.native`) and fails when it cannot be built or loaded, ``"python"`` the Python guard
-    and hooks, ``"auto"`` the native runtime where it can be had, else the Python guard with one
+    (``torch.<device_type>``). ``runtime_mode``: ``"cpp"`` registers the C++ runtime
+    (:mod:`..runtime.cpp`) and fails when it cannot be built or loaded, ``"python"`` the Python guard
+    and hooks, ``"auto"`` the C++ runtime where it can be had, else the Python guard with one
     warning saying why. Raises :class:`PrivateUse1ClaimedError` if another backend holds the
     slot, :class:`BackendUnavailableError` if the slot cannot take that name
-    (:func:`rename_problem`) or the native runtime was required and cannot be had."""
+    (:func:`rename_problem`) or the C++ runtime was required and cannot be had."""
     missing = compat.sim_missing()
     if missing:
         raise BackendUnavailableError(
@@ -223,7 +225,7 @@ def claim(num_devices: int, memory_limit: int | None, native: Iterable[str],
     problem = rename_problem(device_type)
     if problem:
         raise BackendUnavailableError(device_type, f"the sim cannot be device type {device_type!r}: {problem}")
-    native_runtime = _native_runtime(runtime_mode, device_type)
+    cpp_runtime = _cpp_runtime(runtime_mode, device_type)
     state.set_device_type(device_type, device_name, bfloat16)
     state.start(num_devices, memory_limit)
     name = state.DEVICE_TYPE
@@ -234,21 +236,22 @@ def claim(num_devices: int, memory_limit: int | None, native: Iterable[str],
             for_tensor=True, for_module=True, for_packed_sequence=True, for_storage=True)
     if getattr(torch, name, None) is None:
         torch._register_device_module(name, device_module)
-    if native_runtime is not None:
-        _register_native(native_runtime, num_devices, bfloat16)
+    if cpp_runtime is not None:
+        _register_cpp(cpp_runtime, num_devices, bfloat16)
     else:
         _register_python_guard()
     library = torch.library.Library("aten", "IMPL")
-    in_cpp = native_route(native) if native_runtime is not None else frozenset()
+    in_cpp = cpp_route(native) if cpp_runtime is not None else frozenset()
     _register_python_kernels(library, frozenset(native) - in_cpp)
     if in_cpp:
-        native_runtime.register_kernels(in_cpp)
-    sparse.register(library)
+        cpp_runtime.register_kernels(in_cpp)
+    for key in (*sparse.lazy_keys(), quantized.lazy_key()):
+        key.install(_keep_alive)
     _declare_shallow_copy_compatible(library)
     _ask_attention_choice(library)
     _keep_alive.extend([library, _autocast_fallthrough()])
     torch.serialization.register_package(19, _sim_tag, _sim_restore)
-    torch_patches.apply(num_devices, native=native_runtime is not None)
+    torch_patches.apply(num_devices, cpp=cpp_runtime is not None)
     device_module.listen_for_absent_attributes(inductor.asked_for)
     inductor.register_if_loaded()
     return device_module

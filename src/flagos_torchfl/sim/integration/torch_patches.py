@@ -19,38 +19,69 @@ a few hooks can be registered. Left alone, that makes PyTorch
   pinned host memory (``Tensor.pin_memory()``, ``DataLoader(pin_memory=True)``), whose
   allocator and generator hooks only C++ can register.
 
-Each patch changes behaviour only for sim devices and delegates everything else to PyTorch.
+Each patch changes behaviour only for sim devices and delegates everything else to PyTorch. The
+patches are :data:`PATCHES`, applied in that order by :func:`apply` through a
+:class:`~flagos_torchfl.patching.Patcher`, the recorder of every change this package makes to
+torch. They last as long as the sim's claim of PrivateUse1, which cannot be undone: for the
+process, not for one activation (``ft.deactivate()`` leaves them, as it leaves ``torch.sim``);
+:func:`undo` takes them back exactly, for tests.
 """
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import torch
 import torch.autograd.variable
 
+from ...patching import Patcher, generator_class
 from ..runtime import state, tensors
 
-_applied = False
-_keep_alive: list[object] = []
+
+class Needs(NamedTuple):
+    """What the installed sim is: its device count and whether its C++ runtime is registered."""
+
+    num_devices: int
+    cpp: bool
 
 
-def apply(num_devices: int, native: bool = False) -> None:
-    """Apply the patches (once per process). ``native``: the native runtime is registered, so
-    PyTorch's autograd engine, ``torch.accelerator``'s device and stream calls and pinned memory
-    reach its guard and hooks, and only what it leaves to Python is patched."""
-    global _applied
-    if _applied:
+_patcher: Patcher | None = None
+_applied: list[str] = []
+
+
+def apply(num_devices: int, cpp: bool = False) -> None:
+    """Apply the :data:`PATCHES` the sim needs, in order (once per process: the sim is installed
+    once). ``cpp``: the C++ runtime is registered, so PyTorch's autograd engine,
+    ``torch.accelerator``'s device and stream calls and pinned memory reach its guard and hooks,
+    and only what it leaves to Python is patched. A patch that raises leaves torch as it was."""
+    global _patcher
+    if _patcher is not None:
         return
-    _patch_storage()
-    if num_devices > 1 and not native:
-        _patch_autograd_engine()
-    _patch_accelerator(_MEMORY_IMPLS if native else {**_DEVICE_IMPLS, **_MEMORY_IMPLS})
-    _patch_generator()
-    _patch_record_stream()
-    if not native:
-        _keep_alive.append(_pinned_memory_kernels())
-    _applied = True
+    needs, patcher = Needs(num_devices, cpp), Patcher()
+    try:
+        for name, needed, change in PATCHES:
+            if needed(needs):
+                change(needs, patcher)
+                _applied.append(name)
+    except BaseException:
+        _applied.clear()
+        patcher.undo()
+        raise
+    _patcher = patcher
+
+
+def applied() -> list[str]:
+    """The names of the patches in force, in the order they were applied."""
+    return list(_applied)
+
+
+def undo() -> None:
+    """Take every patch back, newest first (the sim's devices stay claimed)."""
+    global _patcher
+    if _patcher is not None:
+        patcher, _patcher = _patcher, None
+        _applied.clear()
+        patcher.undo()
 
 
 # -- storages ----------------------------------------------------------------------------------
@@ -62,11 +93,12 @@ def _sim_index(device: Any) -> int | None:
     return None
 
 
-def _patch_storage() -> None:
+def storage(needs: Needs, patcher: Patcher) -> None:
+    """``torch.UntypedStorage(n, device="sim")``, ``UntypedStorage.new()`` and ``resize_`` of a
+    sim storage: memory from the sim's allocator (PyTorch would dereference the null allocator of a
+    backend without one registered in C++, or refuse to resize)."""
     cls = torch.UntypedStorage
     base_new = torch._C.StorageBase.__new__
-    original_new_method = cls.new
-    original_resize = cls.resize_
 
     def __new__(klass, *args, **kwargs):
         index = _sim_index(kwargs.get("device"))
@@ -79,20 +111,26 @@ def _patch_storage() -> None:
         host = base_new(klass, *args, **{k: v for k, v in kwargs.items() if k != "device"})
         return tensors.copy_storage_to_sim(host, index)
 
-    def new(self):
-        if tensors.is_sim_storage(self):
-            return tensors.new_storage(0, self.device.index)
-        return original_new_method(self)
+    def new(original):
+        @functools.wraps(original)
+        def new(self):
+            if tensors.is_sim_storage(self):
+                return tensors.new_storage(0, self.device.index)
+            return original(self)
+        return new
 
-    def resize_(self, size):
-        if tensors.is_sim_storage(self):
-            tensors.resize_storage(self, int(size))
-            return self
-        return original_resize(self, size)
+    def resize(original):
+        @functools.wraps(original)
+        def resize_(self, size):
+            if tensors.is_sim_storage(self):
+                tensors.resize_storage(self, int(size))
+                return self
+            return original(self, size)
+        return resize_
 
-    cls.__new__ = staticmethod(__new__)
-    cls.new = functools.wraps(original_new_method)(new)
-    cls.resize_ = functools.wraps(original_resize)(resize_)
+    patcher.setattr(cls, "__new__", staticmethod(__new__))
+    patcher.wrap(cls, "new", new)
+    patcher.wrap(cls, "resize_", resize)
 
 
 # -- autograd ----------------------------------------------------------------------------------
@@ -112,10 +150,11 @@ class _CallingThreadEngine:
         return getattr(self._engine, name)
 
 
-def _patch_autograd_engine() -> None:
+def autograd_engine(needs: Needs, patcher: Patcher) -> None:
+    """The backward pass runs in the calling thread (Python guard, several devices): PyTorch's
+    engine made a worker queue for one device only."""
     variable = torch.autograd.variable.Variable
-    if not isinstance(variable._execution_engine, _CallingThreadEngine):
-        variable._execution_engine = _CallingThreadEngine(variable._execution_engine)
+    patcher.setattr(variable, "_execution_engine", _CallingThreadEngine(variable._execution_engine))
 
 
 # -- torch.accelerator -------------------------------------------------------------------------
@@ -168,18 +207,19 @@ _MEMORY_IMPLS: dict[str, Callable[..., Any]] = {
 _ALIASES = {"current_device_idx": "current_device_index", "set_device_idx": "set_device_index"}
 
 
-def _patch_accelerator(impls: dict[str, Callable[..., Any]]) -> None:
+def accelerator(needs: Needs, patcher: Patcher) -> None:
+    """``torch.accelerator``'s memory queries (and, with the Python guard, its device calls)
+    answered by the sim's state and allocators while the sim is the current accelerator."""
     import torch.accelerator.memory as accel_memory
 
+    impls = _MEMORY_IMPLS if needs.cpp else {**_DEVICE_IMPLS, **_MEMORY_IMPLS}
     for module in (torch.accelerator, accel_memory):
         for name, impl in impls.items():
-            original = getattr(module, name, None)
-            if original is None:
-                continue
-            setattr(module, name, _dispatching(original, impl))
+            if getattr(module, name, None) is not None:
+                patcher.wrap(module, name, lambda original, impl=impl: _dispatching(original, impl))
         for alias, target in _ALIASES.items():
             if hasattr(module, alias) and target in impls:
-                setattr(module, alias, getattr(module, target))
+                patcher.setattr(module, alias, getattr(module, target))
 
 
 def _dispatching(original: Callable, impl: Callable) -> Callable:
@@ -193,40 +233,39 @@ def _dispatching(original: Callable, impl: Callable) -> Callable:
     return wrapper
 
 
-# -- generators and pinned memory ---------------------------------------------------------------
-class _GeneratorMeta(type):
-    """Keeps ``isinstance(g, torch.Generator)`` true for every real generator."""
-
-    def __instancecheck__(cls, instance):
-        return isinstance(instance, torch._C.Generator)
-
-    def __subclasscheck__(cls, subclass):
-        return issubclass(subclass, torch._C.Generator)
-
-
-def _patch_generator() -> None:
+# -- generators, streams and pinned memory ------------------------------------------------------
+def generator(needs: Needs, patcher: Patcher) -> None:
     """``torch.Generator("sim"[:N])``: a new :class:`state.SimGenerator` of that device."""
     original = torch.Generator
 
-    class Generator(metaclass=_GeneratorMeta):
-        __doc__ = original.__doc__
+    def new(device="cpu"):
+        index = _sim_index(device)
+        if index is not None:
+            return state.SimGenerator(index)
+        return original(device=device)
 
-        def __new__(cls, device="cpu"):
-            index = _sim_index(device)
-            if index is not None:
-                return state.SimGenerator(index)
-            return original(device=device)
-
-    Generator.__module__ = "torch"
-    Generator.__qualname__ = Generator.__name__ = "Generator"
-    torch.Generator = Generator
+    patcher.setattr(torch, "Generator", generator_class(original, new))
 
 
-def _pinned_memory_kernels() -> torch.library.Library:
-    """``Tensor.pin_memory()`` and ``is_pinned()`` for host tensors: pinning copies the tensor into
-    fresh host memory marked pinned (the sim's transfers are host copies, so pinned memory is
-    ordinary memory that says so), and ``is_pinned`` reads the mark."""
-    library = torch.library.Library("aten", "IMPL")
+def record_stream(needs: Needs, patcher: Patcher) -> None:
+    """``Tensor.record_stream(stream)`` on a sim tensor does nothing: the sim runs all work
+    inline, so no other stream can still be using the tensor's memory when it is freed."""
+    def wrap(original):
+        @functools.wraps(original)
+        def record_stream(self, stream):
+            if self.device.type == state.DEVICE_TYPE:
+                return None
+            return original(self, stream)
+        return record_stream
+
+    patcher.wrap(torch.Tensor, "record_stream", wrap)
+
+
+def pinned_memory(needs: Needs, patcher: Patcher) -> None:
+    """``Tensor.pin_memory()`` and ``is_pinned()`` for host tensors (Python guard): pinning copies
+    the tensor into fresh host memory marked pinned (the sim's transfers are host copies, so pinned
+    memory is ordinary memory that says so), and ``is_pinned`` reads the mark."""
+    held: list[torch.library.Library] = []
 
     def _pin_memory(self, device=None):
         out = torch.empty_like(self, memory_format=torch.contiguous_format).copy_(self)
@@ -236,20 +275,26 @@ def _pinned_memory_kernels() -> torch.library.Library:
     def is_pinned(self, device=None):
         return bool(getattr(self.untyped_storage(), "_fl_pinned", False))
 
-    library.impl("_pin_memory", _pin_memory, "CPU")
-    library.impl("is_pinned", is_pinned, "CPU")
-    return library
+    def register() -> None:
+        library = torch.library.Library("aten", "IMPL")
+        library.impl("_pin_memory", _pin_memory, "CPU")
+        library.impl("is_pinned", is_pinned, "CPU")
+        held.append(library)
+
+    patcher.call(register, lambda: held.pop()._destroy(), "pinned_memory")
 
 
-def _patch_record_stream() -> None:
-    """``Tensor.record_stream(stream)`` on a sim tensor does nothing: the sim runs all work
-    inline, so no other stream can still be using the tensor's memory when it is freed."""
-    original = torch.Tensor.record_stream
+def _always(needs: Needs) -> bool:
+    return True
 
-    @functools.wraps(original)
-    def record_stream(self, stream):
-        if self.device.type == state.DEVICE_TYPE:
-            return None
-        return original(self, stream)
 
-    torch.Tensor.record_stream = record_stream
+#: the sim's patches of torch, in the order :func:`apply` applies them: name, whether the installed
+#: sim needs it, the change
+PATCHES: tuple[tuple[str, Callable[[Needs], bool], Callable[[Needs, Patcher], None]], ...] = (
+    ("sim_storage", _always, storage),
+    ("sim_autograd_engine", lambda needs: needs.num_devices > 1 and not needs.cpp, autograd_engine),
+    ("sim_accelerator", _always, accelerator),
+    ("sim_generator", _always, generator),
+    ("sim_record_stream", _always, record_stream),
+    ("sim_pinned_memory", lambda needs: not needs.cpp, pinned_memory),
+)

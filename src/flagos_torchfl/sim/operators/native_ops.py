@@ -14,9 +14,10 @@ from typing import Callable, Iterable
 
 import torch
 
-from ...aten.dispatcher import (all_aten, has_computed_kernel, has_kernel, is_implicit, overloads_by_packet,
-                                schema_of, tagged)
+from ...aten.dispatcher import (all_aten, cached, has_computed_kernel, has_kernel, is_implicit,
+                                overloads_by_packet, schema_of, tagged)
 from ...errors import ConfigError, closest
+from . import kernels
 from .kernels import HOST_EQUIVALENTS, SPECIAL_KERNELS
 
 logger = logging.getLogger("flagos_torchfl.sim")
@@ -141,21 +142,53 @@ def default_native_ops() -> frozenset[str]:
     """The default native set: every overload of every operator PyTorch tags ``core`` (the Core
     ATen opset, ``.out`` variants included: their kernels run the CPU ``.out`` kernel on host
     views and never re-enter themselves), :data:`RUNTIME_PRIMITIVES`, :data:`RANDOM_OPS` and
-    :data:`DISPLAY_OPS`, keeping only the overloads :func:`can_run_natively` accepts."""
-    names = _core_overloads() | set(runtime_primitive_names())
-    for entry in RANDOM_OPS + DISPLAY_OPS:
-        names.update(resolve_aten_name(entry))
-    return frozenset(n for n in names if can_run_natively(n))
+    :data:`DISPLAY_OPS`, keeping only the overloads :func:`can_run_natively` accepts. Cached on
+    disk with :func:`runtime_primitive_names` (:func:`_derived_sets`)."""
+    return _derived_sets()["default"]
 
 
 @functools.lru_cache(maxsize=1)
 def runtime_primitive_names() -> frozenset[str]:
     """:data:`RUNTIME_PRIMITIVES` as fully qualified names (those :func:`can_run_natively`
     accepts)."""
+    return _derived_sets()["primitives"]
+
+
+@functools.lru_cache(maxsize=1)
+def _derived_sets() -> dict[str, frozenset[str]]:
+    """The default native set and the runtime primitives' names, read from the dispatcher once
+    per torch build and source of the rules that derive them (this module's and
+    :mod:`.kernels`'), then kept on disk (:func:`~flagos_torchfl.aten.dispatcher.cached`):
+    deriving them means resolving every packet's overloads and asking the dispatcher about
+    hundreds of them, a few tens of milliseconds at activation."""
+    def build(names) -> dict[str, list]:
+        primitives = _resolved(RUNTIME_PRIMITIVES)
+        default = (_core_overloads() | primitives | _resolved(RANDOM_OPS + DISPLAY_OPS))
+        return {"default": sorted(n for n in default if can_run_natively(n)),
+                "primitives": sorted(n for n in primitives if can_run_natively(n))}
+
+    stored = cached("native", ("default", "primitives"), build, salt=_rules_source())
+    return {key: frozenset(stored[key]) for key in ("default", "primitives")}
+
+
+def _resolved(entries: Iterable[str]) -> set[str]:
     names: set[str] = set()
-    for entry in RUNTIME_PRIMITIVES:
+    for entry in entries:
         names.update(resolve_aten_name(entry))
-    return frozenset(n for n in names if can_run_natively(n))
+    return names
+
+
+def _rules_source() -> tuple[str, ...]:
+    """The source of the rules behind :func:`_derived_sets` (an empty source where a file cannot
+    be read: the cache is then keyed by the torch build alone)."""
+    texts = []
+    for path in (__file__, kernels.__file__):
+        try:
+            with open(path, encoding="utf-8") as f:
+                texts.append(f.read())
+        except OSError:
+            texts.append("")
+    return tuple(texts)
 
 
 def resolve_aten_name(name: str) -> tuple[str, ...]:

@@ -5,7 +5,8 @@ tensors. The sim's memory is host memory, so the CPU's sparse kernels serve it: 
 with a kernel on ``SparseCPU`` (``SparseCsrCPU``) gets a ``SparsePrivateUse1``
 (``SparseCsrPrivateUse1``) kernel that calls that CPU kernel on the sim tensors themselves; the
 tensors it makes take their device from the arguments, and the dense operators it calls on the
-indices and values dispatch to the sim. The overloads are read from the dispatcher, not listed.
+indices and values dispatch to the sim. The overloads are read from the dispatcher, not listed,
+and registered at the first call that needs one (:mod:`.host_served`).
 A CPU kernel that insists on CPU operands (``addmm``'s "expected 't' to be CPU tensor") runs on
 host copies instead, its result copied back to the device.
 """
@@ -16,6 +17,7 @@ from typing import Any, Callable
 import torch
 
 from ...aten.dispatcher import overload, with_kernel
+from .host_served import LazyKey
 from ..runtime import state
 
 #: the sim's sparse dispatch keys and the CPU keys whose kernels serve them
@@ -75,14 +77,20 @@ def _kernel(op, cpu_key: str) -> Callable:
     return run
 
 
+def lazy_keys(served: Callable[[str, str], bool] | None = None) -> list[LazyKey]:
+    """The sim's sparse keys, each served by its CPU key's kernels (:class:`~.host_served.LazyKey`);
+    ``served(key, name)``, when given, keeps only the overloads it accepts."""
+    def names(key: str, cpu_key: str) -> Callable[[], list[str]]:
+        return lambda: [n for n in overloads(cpu_key) if served is None or served(key, n)]
+
+    def kernel(cpu_key: str) -> Callable[[str], Callable]:
+        return lambda name: _kernel(overload(name), cpu_key)
+
+    return [LazyKey(key, names(key, cpu_key), kernel(cpu_key)) for key, cpu_key in KEYS.items()]
+
+
 def register(library: torch.library.Library) -> int:
-    """Register the sim's sparse kernels through ``library`` (an ``aten`` IMPL library the caller
-    keeps alive); returns how many. Overloads the sim already has a sparse kernel for keep it."""
-    count = 0
-    for key, cpu_key in KEYS.items():
-        for name in overloads(cpu_key):
-            if torch._C._dispatch_has_kernel_for_dispatch_key(name, key):
-                continue
-            library.impl(name[len("aten::"):], _kernel(overload(name), cpu_key), key)
-            count += 1
-    return count
+    """Register every sparse kernel of the sim through ``library`` (an ``aten`` IMPL library the
+    caller keeps alive) at once; returns how many. Overloads the sim already has a sparse kernel
+    for keep it."""
+    return sum(key.register(library) for key in lazy_keys())

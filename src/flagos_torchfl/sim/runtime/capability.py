@@ -44,6 +44,6 @@ def supported_dtypes() -> frozenset[torch.dtype]:
 
 def supported_dtype_names() -> list[str]:
     """:func:`supported_dtypes` as the names C++ spells them (``c10::getDtypeNames``: ``"float32"``,
-    ``"bfloat16"``), sorted; what the native runtime's capability answer is built from."""
+    ``"bfloat16"``), sorted; what the C++ runtime's capability answer is built from."""
     return sorted(str(d).removeprefix("torch.") for d in supported_dtypes())
 

@@ -384,9 +384,9 @@ _default_streams: dict[int, Stream] = {}
 _stream_local = threading.local()
 
 
-def use_native_streams() -> None:
+def use_cpp_streams() -> None:
     """Make :class:`Stream` and :class:`Event` PyTorch's ``torch.Stream`` / ``torch.Event`` on the
-    native runtime's guard (:mod:`.native_streams`, imported only then: a torch older than the
+    C++ runtime's guard (:mod:`.native_streams`, imported only then: a torch older than the
     sim's floor has no ``torch.Event``), once it is registered."""
     global Stream, Event
     from . import streams as native_streams
@@ -397,7 +397,7 @@ def use_native_streams() -> None:
 def default_stream(device: Any = None) -> Stream:
     """``device``'s default stream."""
     index = _index(device)
-    if state.native() is not None:
+    if state.cpp_runtime() is not None:
         from .streams import default_stream as native_default
 
         return native_default(index)
@@ -410,7 +410,7 @@ def default_stream(device: Any = None) -> Stream:
 def current_stream(device: Any = None) -> Stream:
     """The calling thread's current stream on ``device`` (its default stream unless set)."""
     index = _index(device)
-    if state.native() is not None:
+    if state.cpp_runtime() is not None:
         from .streams import current_stream as native_current
 
         return native_current(index)
@@ -422,7 +422,7 @@ def set_stream(stream: Stream) -> None:
     """Make ``stream`` current on its device for the calling thread."""
     if stream is None:
         return
-    if state.native() is not None:
+    if state.cpp_runtime() is not None:
         from .streams import set_stream as native_set
 
         return native_set(stream)

@@ -30,20 +30,20 @@ _allocators: list[CachingAllocator] = []
 _generators: list["SimGenerator"] = []
 _local = threading.local()
 _rng_lock = threading.RLock()
-_native = None
-"""The native runtime (:class:`.native.NativeRuntime`) once registered: it holds each thread's
+_cpp = None
+"""The C++ runtime (:class:`.native.CppRuntime`) once registered: it holds each thread's
 current device, which PyTorch's C++ side then sees too; None: the sim's own thread-local."""
 
 
-def use_native(runtime: object) -> None:
-    """Make ``runtime`` (a registered :class:`.native.NativeRuntime`) hold the current device."""
-    global _native
-    _native = runtime
+def use_cpp(runtime: object) -> None:
+    """Make ``runtime`` (a registered :class:`.native.CppRuntime`) hold the current device."""
+    global _cpp
+    _cpp = runtime
 
 
-def native() -> object:
-    """The registered native runtime, or None when the sim runs with its Python guard."""
-    return _native
+def cpp_runtime() -> object:
+    """The registered C++ runtime, or None when the sim runs with its Python guard."""
+    return _cpp
 
 
 _MASK64 = (1 << 64) - 1
@@ -202,8 +202,8 @@ def begin_use() -> None:
                 f"Cannot re-initialize {kind} in forked subprocess. To use {kind} with "
                 "multiprocessing, you must use the 'spawn' start method")
         _use = _IN_USE
-        if _native is not None:
-            _native.mark_used(True)
+        if _cpp is not None:
+            _cpp.mark_used(True)
 
 
 def in_use() -> bool:
@@ -220,8 +220,8 @@ def _after_fork_in_child() -> None:
     global _use
     if _use is _IN_USE:
         _use = _BAD_FORK
-        if _native is not None:
-            _native.mark_used(False)
+        if _cpp is not None:
+            _cpp.mark_used(False)
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
@@ -288,24 +288,24 @@ def to_index(device: object = None, optional: bool = True) -> int:
 
 
 def current_device() -> int:
-    """The current device of the calling thread (0 unless set): the native runtime's (which
+    """The current device of the calling thread (0 unless set): the C++ runtime's (which
     PyTorch's C++ side reads too) when it is registered, else the sim's own thread-local.
     Asking is not a use of the devices. Under dynamo it is asked through ``torch.accelerator``
     (the sim holds PrivateUse1, so it is PyTorch's accelerator), which dynamo folds at trace
     time and guards on, as it does ``torch.cuda.current_device()``: compiled code that creates
     tensors on the current device has no graph break."""
-    if _native is not None:
+    if _cpp is not None:
         if torch.compiler.is_compiling():
             return torch.accelerator.current_device_index()
-        return _native.current_device()
+        return _cpp.current_device()
     return getattr(_local, "device", 0)
 
 
 def set_current_device(index: int) -> None:
     """Make ``index`` the calling thread's current device."""
     check_index(index)
-    if _native is not None:
-        _native.set_device(index)
+    if _cpp is not None:
+        _cpp.set_device(index)
     else:
         _local.device = index
 

@@ -1,5 +1,5 @@
-"""The sim's streams and events when its native runtime is registered: PyTorch's own
-``torch.Stream`` and ``torch.Event``, whose calls reach the native device guard, so that
+"""The sim's streams and events when its C++ runtime is registered: PyTorch's own
+``torch.Stream`` and ``torch.Event``, whose calls reach the C++ device guard, so that
 ``torch.sim.Stream(1)`` and ``torch.Stream(device="sim:1")`` are the same kind of object, sharing
 ids, the current stream and events, as PyTorch's C++ side sees them.
 
@@ -65,11 +65,11 @@ def default_stream(index: int) -> torch.Stream:
 def current_stream(index: Optional[int] = None) -> torch.Stream:
     """The calling thread's current stream on device ``index`` (None: the current device)."""
     index = state.current_device() if index is None else index
-    return _wrap(index, state.native().current_stream(index))
+    return _wrap(index, state.cpp_runtime().current_stream(index))
 
 
 def set_stream(stream: torch.Stream) -> None:
     """Make ``stream`` the calling thread's current stream on its device."""
     if stream.device.type != state.DEVICE_TYPE:
         raise ValueError(f"expected a {state.DEVICE_TYPE} stream, got a stream of {stream.device}")
-    state.native().exchange_stream(stream.device_index, stream.stream_id)
+    state.cpp_runtime().exchange_stream(stream.device_index, stream.stream_id)

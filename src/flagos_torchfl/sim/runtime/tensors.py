@@ -15,8 +15,8 @@ autograd and sim keys, then pointing the alias at the storage with the CPU kerne
 ``aten::set_`` (the Meta kernel refuses storages that cannot grow, and sim storages cannot; the
 CPU kernel only touches metadata, and the geometry is checked against the storage here first).
 
-With the native runtime, sim storages are the C++ runtime's: their blocks come from the same
-allocators (:func:`native_allocate`, :func:`native_free`, :func:`native_service` are its way
+With the C++ runtime, sim storages are the C++ runtime's: their blocks come from the same
+allocators (:func:`cpp_allocate`, :func:`cpp_free`, :func:`cpp_service` are its way
 into them), and a storage owns its block through its C++ deleter instead of a ``_Memory`` record.
 
 A *host view* is a CPU tensor over the same bytes with the same size, stride, offset and dtype;
@@ -63,14 +63,14 @@ class _Memory:
 
 def report_memory(ptr: int, delta: int, alloc: CachingAllocator) -> None:
     """Tell a profiler that records memory (``profile_memory=True``) that ``delta`` bytes at
-    ``ptr`` were allocated (negative: freed) on ``alloc``'s device (needs the native runtime)."""
-    native = state.native()
+    ``ptr`` were allocated (negative: freed) on ``alloc``'s device (needs the C++ runtime)."""
+    native = state.cpp_runtime()
     if native is not None and native.memory_profiling():
         native.report_memory(ptr, delta, alloc.allocated, alloc.reserved, alloc.device_index)
 
 
-def native_allocate(index: int, nbytes: int) -> tuple:
-    """The native runtime's allocation: ``(address, block)`` of a new block of ``nbytes`` bytes
+def cpp_allocate(index: int, nbytes: int) -> tuple:
+    """The C++ runtime's allocation: ``(address, block)`` of a new block of ``nbytes`` bytes
     on device ``index`` (``(0, None)`` for 0 bytes); the devices' first use."""
     state.begin_use()
     alloc = state.allocator(index)
@@ -81,15 +81,15 @@ def native_allocate(index: int, nbytes: int) -> tuple:
     return block.ptr, block
 
 
-def native_free(index: int, block: Block) -> None:
-    """The native runtime's release of ``block`` (from :func:`native_allocate`)."""
+def cpp_free(index: int, block: Block) -> None:
+    """The C++ runtime's release of ``block`` (from :func:`cpp_allocate`)."""
     alloc = state.allocator(index)
     alloc.free(block)
     report_memory(block.ptr, -block.size, alloc)
 
 
-def native_service(what: str, index: int) -> object:
-    """The native runtime's rarer questions about device ``index``'s allocator (-1: all):
+def cpp_service(what: str, index: int) -> object:
+    """The C++ runtime's rarer questions about device ``index``'s allocator (-1: all):
     ``"stats"``, ``"empty_cache"``, ``"reset_peak"``, ``"reset_accumulated"``."""
     if what == "stats":
         return dict(state.allocator(state.to_index(None) if index < 0 else index).stats())
@@ -102,7 +102,7 @@ def native_service(what: str, index: int) -> object:
 def new_storage(nbytes: int, index: int) -> torch.UntypedStorage:
     """A fresh sim storage of ``nbytes`` bytes on device ``index`` (contents undefined); the
     devices' first use (:func:`state.begin_use`)."""
-    if state.native() is not None:
+    if state.cpp_runtime() is not None:
         state.check_index(index)
         return _EMPTY([nbytes], dtype=torch.uint8, device=torch.device(state.DEVICE_TYPE, index)).untyped_storage()
     state.begin_use()
@@ -125,7 +125,7 @@ def is_sim_storage(storage: torch.UntypedStorage) -> bool:
 
 def owns_block(storage: torch.UntypedStorage) -> bool:
     """Whether ``storage`` holds its own block of the sim allocator (made by :func:`new_storage`)."""
-    native = state.native()
+    native = state.cpp_runtime()
     if native is not None:
         return native.owns_block(storage)
     return getattr(storage, "_fl_memory", None) is not None
@@ -306,7 +306,7 @@ def resize_storage(storage: torch.UntypedStorage, nbytes: int) -> None:
         return
     if nbytes < 0:
         raise RuntimeError(f"cannot resize a storage to {nbytes} bytes")
-    native = state.native()
+    native = state.cpp_runtime()
     if native is not None:
         native.resize_storage(storage, nbytes)
         return

@@ -1,13 +1,13 @@
-"""The sim's native runtime (``runtime.cpp`` beside this file): a device guard, PrivateUse1 hooks,
+"""The sim's C++ runtime (``runtime.cpp`` beside this file): a device guard, PrivateUse1 hooks,
 profiler stubs and the report of device memory to the profiler written in C++, the parts of an accelerator that PyTorch's C++ side asks for and
 a Python backend cannot register (a Python-registered guard answers only the device type); and
-the native route: the device's allocators and one boxed C++ kernel for the native operators,
+the C++ route: the device's allocators and one boxed C++ kernel for the native operators,
 which runs each operator's CPU kernel on the sim tensors' memory without entering Python.
 
 It is built at first use with the machine's C++ compiler (``$CXX``, else ``c++``, ``g++`` or
 ``clang++`` on ``PATH``) against the installed torch's and Python's headers, in about thirty seconds, and kept in a
 cache folder keyed by the source, the torch build and the compiler (``$XDG_CACHE_HOME``, else
-``~/.cache``, under ``flagos_torchfl/sim-native``; a temporary folder where that is not writable).
+``~/.cache``, under ``flagos_torchfl/sim-cpp``; a temporary folder where that is not writable).
 Processes that start at once build it once: the build holds a file lock and the result appears by
 an atomic rename. ``pip install`` needs no compiler; without one the sim runs with its Python guard
 (:func:`load` says why), which answers fewer of PyTorch's questions (``docs/design.md``).
@@ -35,11 +35,11 @@ BUILD_TIMEOUT = 300.0
 LIBRARY_NAME = "libflagos_sim_runtime.so"
 
 
-class NativeUnavailable(RuntimeError):
-    """The native runtime could not be built or loaded here; the message says why."""
+class CppUnavailable(RuntimeError):
+    """The C++ runtime could not be built or loaded here; the message says why."""
 
 
-class NativeRuntime:
+class CppRuntime:
     """The loaded library: the calling thread's current device and streams, the devices' use,
     pinned memory. ``current_stream(device)`` and ``exchange_stream(device, id)`` read and set
     the calling thread's current stream id on a device (0: its default stream)."""
@@ -72,10 +72,10 @@ class NativeRuntime:
 
     def register(self, devices: int, bfloat16: bool) -> None:
         """Register the guard, hooks and profiler stubs on PrivateUse1 for ``devices`` devices.
-        Raises :class:`NativeUnavailable` when another backend's guard or hooks are there."""
+        Raises :class:`CppUnavailable` when another backend's guard or hooks are there."""
         status = self._lib.fl_sim_register(devices, int(bool(bfloat16)))
         if status != 0:
-            raise NativeUnavailable(self._lib.fl_sim_error().decode(errors="replace"))
+            raise CppUnavailable(self._lib.fl_sim_error().decode(errors="replace"))
 
     def install_memory(self, allocate, free, service) -> None:
         """Make the sim allocator the device's memory in C++: ``allocate(index, nbytes)`` answers
@@ -86,14 +86,14 @@ class NativeRuntime:
         allocator through which native kernels' outputs are allocated as sim memory."""
         self._py.fl_sim_set_python(allocate, free, service)
         if self._lib.fl_sim_install_memory() != 0:
-            raise NativeUnavailable(self._lib.fl_sim_error().decode(errors="replace"))
+            raise CppUnavailable(self._lib.fl_sim_error().decode(errors="replace"))
 
     def register_kernels(self, names) -> int:
-        """Register the native route's C++ kernel on PrivateUse1 for each overload in ``names``
+        """Register the C++ route's C++ kernel on PrivateUse1 for each overload in ``names``
         (fully qualified); returns how many."""
         count = self._lib.fl_sim_register_kernels("\n".join(sorted(names)).encode())
         if count < 0:
-            raise NativeUnavailable(self._lib.fl_sim_error().decode(errors="replace"))
+            raise CppUnavailable(self._lib.fl_sim_error().decode(errors="replace"))
         return count
 
     def set_observer(self, observer) -> None:
@@ -144,9 +144,9 @@ def torch_oom(message: str) -> Exception:
     return torch.OutOfMemoryError(message)
 
 
-def load(cache_dir: Optional[Path] = None, timeout: float = BUILD_TIMEOUT) -> NativeRuntime:
-    """The native runtime, built first if this torch and compiler have no build in the cache.
-    Raises :class:`NativeUnavailable` naming what is missing (no compiler, a failed or
+def load(cache_dir: Optional[Path] = None, timeout: float = BUILD_TIMEOUT) -> CppRuntime:
+    """The C++ runtime, built first if this torch and compiler have no build in the cache.
+    Raises :class:`CppUnavailable` naming what is missing (no compiler, a failed or
     timed-out build, a library that does not load)."""
     import torch
 
@@ -157,16 +157,16 @@ def load(cache_dir: Optional[Path] = None, timeout: float = BUILD_TIMEOUT) -> Na
     if not library.exists():
         headers = Path(sysconfig.get_paths()["include"]) / "Python.h"
         if not headers.exists():
-            raise NativeUnavailable(f"Python's C headers are not installed ({headers} is missing; install the "
+            raise CppUnavailable(f"Python's C headers are not installed ({headers} is missing; install the "
                                     "python3-dev package or its equivalent)")
         _build_locked(compiler, torch_dir, folder, library, timeout)
     try:
         lib = ctypes.CDLL(str(library))
     except OSError as exc:
-        raise NativeUnavailable(f"the sim's native runtime ({library}) does not load: {exc}") from exc
+        raise CppUnavailable(f"the sim's C++ runtime ({library}) does not load: {exc}") from exc
     if lib.fl_sim_abi() != ABI:
-        raise NativeUnavailable(f"{library} speaks interface {lib.fl_sim_abi()}, not {ABI}")
-    return NativeRuntime(lib, library)
+        raise CppUnavailable(f"{library} speaks interface {lib.fl_sim_abi()}, not {ABI}")
+    return CppRuntime(lib, library)
 
 
 def status(cache_dir: Optional[Path] = None) -> str:
@@ -176,13 +176,13 @@ def status(cache_dir: Optional[Path] = None) -> str:
 
     try:
         compiler = find_compiler()
-    except NativeUnavailable as exc:
-        return f"native runtime unavailable ({exc}): the sim will run on its Python guard"
+    except CppUnavailable as exc:
+        return f"C++ runtime unavailable ({exc}): the sim will run on its Python guard"
     torch_dir = Path(torch.__file__).parent
     library = (cache_dir or default_cache_dir()) / build_key(compiler, torch_dir, torch.__version__) / LIBRARY_NAME
     if library.exists():
-        return f"native runtime built: {library}"
-    return f"native runtime: built at first use with {compiler} (about 10 s of CPU, once)"
+        return f"C++ runtime built: {library}"
+    return f"C++ runtime: built at first use with {compiler} (about 10 s of CPU, once)"
 
 
 def find_compiler() -> str:
@@ -192,27 +192,27 @@ def find_compiler() -> str:
     if named:
         found = shutil.which(named.split()[0])
         if found is None:
-            raise NativeUnavailable(f"CXX={named!r} names no program on PATH")
+            raise CppUnavailable(f"CXX={named!r} names no program on PATH")
         return found
     for candidate in ("c++", "g++", "clang++"):
         found = shutil.which(candidate)
         if found:
             return found
-    raise NativeUnavailable("no C++ compiler found (set CXX, or install g++ or clang++)")
+    raise CppUnavailable("no C++ compiler found (set CXX, or install g++ or clang++)")
 
 
 def default_cache_dir() -> Path:
-    """``$XDG_CACHE_HOME`` (else ``~/.cache``) ``/flagos_torchfl/sim-native``, or a folder in the
+    """``$XDG_CACHE_HOME`` (else ``~/.cache``) ``/flagos_torchfl/sim-cpp``, or a folder in the
     temporary directory when that cannot be created."""
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    folder = Path(base) / "flagos_torchfl" / "sim-native"
+    folder = Path(base) / "flagos_torchfl" / "sim-cpp"
     try:
         folder.mkdir(parents=True, exist_ok=True)
         if os.access(folder, os.W_OK):
             return folder
     except OSError:
         pass
-    return Path(tempfile.gettempdir()) / f"flagos_torchfl-sim-native-{os.getuid()}"
+    return Path(tempfile.gettempdir()) / f"flagos_torchfl-sim-cpp-{os.getuid()}"
 
 
 def build_key(compiler: str, torch_dir: Path, torch_version: str) -> str:
@@ -243,7 +243,7 @@ def _build_locked(compiler: str, torch_dir: Path, folder: Path, library: Path, t
         folder.mkdir(parents=True, exist_ok=True)
         lock = open(folder / ".lock", "w")
     except OSError as exc:
-        raise NativeUnavailable(f"cannot write the build folder {folder}: {exc}") from exc
+        raise CppUnavailable(f"cannot write the build folder {folder}: {exc}") from exc
     with lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # another process may be building the same entry
         if library.exists():
@@ -254,13 +254,13 @@ def _build_locked(compiler: str, torch_dir: Path, folder: Path, library: Path, t
             done = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
         except subprocess.TimeoutExpired as exc:
             partial.unlink(missing_ok=True)
-            raise NativeUnavailable(f"building the sim's native runtime took over {timeout:.0f} s "
+            raise CppUnavailable(f"building the sim's C++ runtime took over {timeout:.0f} s "
                                     f"({compiler})") from exc
         except OSError as exc:
-            raise NativeUnavailable(f"the C++ compiler {compiler} cannot run: {exc}") from exc
+            raise CppUnavailable(f"the C++ compiler {compiler} cannot run: {exc}") from exc
         if done.returncode != 0 or not partial.exists():
             partial.unlink(missing_ok=True)
             tail = "\n".join((done.stderr or done.stdout).strip().splitlines()[-8:])
-            raise NativeUnavailable(f"the C++ compiler {compiler} failed (status {done.returncode}) "
-                                    f"building the sim's native runtime:\n{tail}")
+            raise CppUnavailable(f"the C++ compiler {compiler} failed (status {done.returncode}) "
+                                    f"building the sim's C++ runtime:\n{tail}")
         os.replace(partial, library)

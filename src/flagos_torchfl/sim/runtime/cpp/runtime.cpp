@@ -1,4 +1,4 @@
-// The sim's native runtime: what PyTorch's C++ side asks of an accelerator on PrivateUse1 and a
+// The sim's C++ runtime: what PyTorch's C++ side asks of an accelerator on PrivateUse1 and a
 // Python backend cannot answer (torch's Python-registered device guard answers only the device
 // type: device 0, one device, no events). Registered by flagos_torchfl.sim.native, which builds
 // this file with the machine's C++ compiler at first use and calls the C functions at the end
@@ -18,7 +18,7 @@
 //  * the device's memory (a c10::DeviceAllocator whose blocks come from the sim's caching
 //    allocator in Python, the one place its policy and statistics live) and pinned host memory
 //    (an at::HostAllocator: torch.accelerator.empty_host_cache);
-//  * the boxed kernel of the sim's native operators (below: "The native route").
+//  * the boxed kernel of the sim's native operators (below: "The C++ route").
 #include <Python.h>
 
 #include <ATen/ATen.h>
@@ -563,7 +563,7 @@ struct CpuAllocator final : public c10::Allocator {
 SimAllocator g_sim_allocator;
 CpuAllocator g_cpu_allocator;
 
-// ---- The native route ------------------------------------------------------------------------
+// ---- The C++ route ------------------------------------------------------------------------
 // One boxed kernel per native operator: host views (CPU tensors over the sim tensors' memory)
 // replace the sim tensors on the stack, the operator's CPU kernel runs on them, and its results
 // become sim tensors: an output over an input's memory is a sim tensor on that input's storage
@@ -1058,7 +1058,7 @@ int fl_sim_install_memory() {
   }
 }
 
-// Register the native route's kernel for each overload in `names` (one a line, "aten::add.Tensor",
+// Register the C++ route's kernel for each overload in `names` (one a line, "aten::add.Tensor",
 // "aten::relu"). Returns how many, or -1 (fl_sim_error says why).
 int fl_sim_register_kernels(const char* names) {
   using namespace flsim;

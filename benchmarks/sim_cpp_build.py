@@ -1,11 +1,11 @@
-"""What the sim's native runtime costs: its build at first use, and each process's activation.
+"""What the sim's C++ runtime costs: its build at first use, and each process's activation.
 
-    python benchmarks/sim_native_build.py [--builds 3] [--pairs 9]
+    python benchmarks/sim_cpp_build.py [--builds 3] [--pairs 9]
 
-(a) builds: ``native.load()`` into an empty cache folder, each time: wall time and the compiler's
+(a) builds: ``cpp.load()`` into an empty cache folder, each time: wall time and the compiler's
     CPU time (children's rusage).
 (b) activation: fresh interpreters running ``ft.init_backend("sim")`` with ``FL_SIM_RUNTIME``
-    ``native`` (the build cached) and ``python``, alternating, order flipping every pair; the
+    ``cpp`` (the build cached) and ``python``, alternating, order flipping every pair; the
     median of each and of the per-pair ratios (the time of ``import torch`` is not counted).
 """
 from __future__ import annotations
@@ -25,12 +25,12 @@ ACTIVATE = ("import time, torch; t = time.perf_counter(); import flagos_torchfl 
 
 
 def build_once() -> tuple[float, float]:
-    from flagos_torchfl.sim.runtime import cpp as native
+    from flagos_torchfl.sim.runtime import cpp
 
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.perf_counter()
     with tempfile.TemporaryDirectory() as folder:
-        native.load(cache_dir=Path(folder))
+        cpp.load(cache_dir=Path(folder))
     wall = time.perf_counter() - started
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
@@ -52,15 +52,15 @@ def main() -> None:
     print(f"(a) build: wall median {statistics.median(w for w, _ in builds):.1f} s "
           f"(min {min(w for w, _ in builds):.1f}, max {max(w for w, _ in builds):.1f}); compiler CPU "
           f"median {statistics.median(c for _, c in builds):.1f} s over {len(builds)} builds")
-    activation("native")  # the cached build for this torch and compiler exists from here on
-    native, python, ratios = [], [], []
+    activation("cpp")  # the cached build for this torch and compiler exists from here on
+    compiled, python, ratios = [], [], []
     for i in range(args.pairs):
-        order = ("native", "python") if i % 2 == 0 else ("python", "native")
+        order = ("cpp", "python") if i % 2 == 0 else ("python", "cpp")
         got = {runtime: activation(runtime) for runtime in order}
-        native.append(got["native"])
+        compiled.append(got["cpp"])
         python.append(got["python"])
-        ratios.append(got["native"] / got["python"])
-    print(f"(b) activation after import torch, {args.pairs} pairs: native {statistics.median(native) * 1000:.0f} ms, "
+        ratios.append(got["cpp"] / got["python"])
+    print(f"(b) activation after import torch, {args.pairs} pairs: cpp {statistics.median(compiled) * 1000:.0f} ms, "
           f"python {statistics.median(python) * 1000:.0f} ms, median ratio {statistics.median(ratios):.3f} "
           f"(spread {min(ratios):.3f}-{max(ratios):.3f})")
 

@@ -1,4 +1,4 @@
-"""Building the sim's native runtime at first use, with faults injected into the compiler: none
+"""Building the sim's C++ runtime at first use, with faults injected into the compiler: none
 on PATH, one that fails, one that hangs; concurrent first uses build once; and a program whose
 machine cannot build it runs the sim on its Python guard, saying why (or stops, when the native
 runtime was required)."""
@@ -28,17 +28,17 @@ def _compiler(folder: Path, body: str) -> Path:
 def test_no_compiler_on_path(tmp_path, monkeypatch):
     monkeypatch.delenv("CXX", raising=False)
     monkeypatch.setenv("PATH", str(tmp_path))
-    with pytest.raises(native.NativeUnavailable, match="no C.. compiler found .set CXX"):
+    with pytest.raises(native.CppUnavailable, match="no C.. compiler found .set CXX"):
         native.load(cache_dir=tmp_path / "cache")
     monkeypatch.setenv("CXX", "no-such-compiler")
-    with pytest.raises(native.NativeUnavailable, match="CXX='no-such-compiler' names no program"):
+    with pytest.raises(native.CppUnavailable, match="CXX='no-such-compiler' names no program"):
         native.load(cache_dir=tmp_path / "cache")
 
 
 def test_a_failing_compiler_is_named_with_its_last_words(tmp_path, monkeypatch):
     fake = _compiler(tmp_path, 'echo "fatal error: c10/core/Device.h: No such file" >&2; exit 4')
     monkeypatch.setenv("CXX", str(fake))
-    with pytest.raises(native.NativeUnavailable) as failed:
+    with pytest.raises(native.CppUnavailable) as failed:
         native.load(cache_dir=tmp_path / "cache")
     assert f"{fake} failed (status 4)" in str(failed.value) and "No such file" in str(failed.value)
     assert not [p for p in (tmp_path / "cache").rglob("*") if p.suffix in (".so", ".tmp")]
@@ -46,7 +46,7 @@ def test_a_failing_compiler_is_named_with_its_last_words(tmp_path, monkeypatch):
 
 def test_a_hanging_compiler_is_abandoned(tmp_path, monkeypatch):
     monkeypatch.setenv("CXX", str(_compiler(tmp_path, "sleep 60")))
-    with pytest.raises(native.NativeUnavailable, match="took over 1 s"):
+    with pytest.raises(native.CppUnavailable, match="took over 1 s"):
         native.load(cache_dir=tmp_path / "cache", timeout=1)
 
 
@@ -79,9 +79,9 @@ def test_a_machine_without_a_working_compiler_runs_the_python_guard(tmp_path):
     assert done.returncode == 0, done.stderr
     assert "RUNTIME python sim:0 6.0" in done.stdout
     assert "running with its Python device guard" in done.stderr and "out of memory" in done.stderr
-    required = run_python(["-c", PROGRAM], env={**env, "FL_SIM_RUNTIME": "native"})
+    required = run_python(["-c", PROGRAM], env={**env, "FL_SIM_RUNTIME": "cpp"})
     assert required.returncode != 0 and "RUNTIME" not in required.stdout
-    assert "the sim's native runtime cannot be had" in required.stderr and "out of memory" in required.stderr
+    assert "the sim's C++ runtime cannot be had" in required.stderr and "out of memory" in required.stderr
     assert "ConfigError" not in required.stderr
 
 
@@ -94,4 +94,4 @@ def test_an_unwritable_cache_builds_in_the_temporary_folder(tmp_path):
     done = run_python(["-c", PROGRAM], env=env, timeout=300)
     assert done.returncode == 0, done.stderr
     assert "RUNTIME native sim:0 6.0" in done.stdout
-    assert list((tmp_path / "tmp").glob(f"flagos_torchfl-sim-native-{os.getuid()}/*/{native.LIBRARY_NAME}"))
+    assert list((tmp_path / "tmp").glob(f"flagos_torchfl-sim-cpp-{os.getuid()}/*/{native.LIBRARY_NAME}"))

@@ -1,4 +1,4 @@
-"""The sim with its native runtime (two devices): what PyTorch's C++ side asks of an accelerator,
+"""The sim with its C++ runtime (two devices): what PyTorch's C++ side asks of an accelerator,
 answered as an accelerator's runtime answers it. Each behaviour is what CUDA and the vendors'
 plugins promise through torch's device-generic APIs (``torch.accelerator``, ``torch.Stream``,
 ``torch.Event``, the autograd engine, the profiler, pinned memory, storages, serialization)."""
@@ -19,8 +19,8 @@ pytestmark = [pytest.mark.isolated, pytest.mark.needs_sim]
 
 @pytest.fixture(scope="module")
 def sim():
-    module = fsim.install(num_devices=2, runtime="native")
-    assert fsim.runtime_kind() == "native" and fsim.native_problem() is None
+    module = fsim.install(num_devices=2, runtime="cpp")
+    assert fsim.runtime_kind() == "cpp" and fsim.cpp_problem() is None
     return module
 
 
@@ -174,11 +174,16 @@ def test_a_legacy_typed_storage_is_restored_onto_the_device(sim):
     assert pickle.loads(pickle.dumps(torch.ones(2, device="sim:1"))).device == torch.device("sim:1")
 
 
-def test_the_native_runtime_cannot_be_swapped_for_the_python_one(sim):
+def test_the_cpp_runtime_cannot_be_swapped_for_the_python_one(sim):
     from flagos_torchfl.errors import ConfigError
 
-    with pytest.raises(ConfigError, match="native runtime"):
+    with pytest.raises(ConfigError, match="C\\+\\+ runtime|cpp runtime"):
         fsim.install(num_devices=2, runtime="python")
     assert fsim.install(num_devices=2, runtime="auto") is sim
-    with pytest.raises(ConfigError, match="Did you mean 'native'"):
-        fsim.install(num_devices=2, runtime="nativ")
+    with pytest.raises(ConfigError, match="Did you mean 'cpp'"):
+        fsim.install(num_devices=2, runtime="cppp")
+
+
+def test_the_former_name_native_still_selects_the_cpp_runtime_with_a_warning(sim):
+    with pytest.warns(FutureWarning, match="say 'cpp'"):
+        assert fsim.install(num_devices=2, runtime="native") is sim

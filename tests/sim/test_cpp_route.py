@@ -1,4 +1,4 @@
-"""The native route (``FL_SIM_RUNTIME=native``, with the CUDA-like native set ``device_kernel_ops``): the sim's native operators run through one boxed
+"""The C++ route (``FL_SIM_RUNTIME=cpp``, with the CUDA-like native set ``device_kernel_ops``): the sim's native operators run through one boxed
 C++ kernel, which promises what the Python kernels promise (:mod:`tests.sim.route_cases`), and the
 device's memory is registered in C++ (the PrivateUse1 allocator, the pinned host allocator)."""
 from __future__ import annotations
@@ -15,8 +15,8 @@ pytestmark = [pytest.mark.isolated, pytest.mark.needs_sim]
 
 @pytest.fixture(scope="module")
 def sim():
-    module = fsim.install(num_devices=2, native_ops=device_kernel_ops(), runtime="native")
-    assert fsim.runtime_kind() == "native"
+    module = fsim.install(num_devices=2, native_ops=device_kernel_ops(), runtime="cpp")
+    assert fsim.runtime_kind() == "cpp"
     return module
 
 
