@@ -26,13 +26,28 @@ from pathlib import Path
 from typing import Optional
 
 SOURCE = Path(__file__).with_name("runtime.cpp")
-ABI = 3
+ABI = 4
 """The interface version of ``runtime.cpp`` this loader speaks (``fl_sim_abi()``)."""
 
 BUILD_TIMEOUT = 300.0
 """Seconds a build may take before it is abandoned."""
 
 LIBRARY_NAME = "libflagos_sim_runtime.so"
+
+
+def _device_graph(keep_graph: bool) -> object:
+    """A new graph of the sim's device (its ``<TYPE>Graph``): what ``torch.accelerator.Graph``
+    holds on the sim."""
+    from .. import device, state
+
+    return getattr(device, f"{state.DEVICE_TYPE.upper()}Graph")(keep_graph)
+
+
+def _supported_dtype_names() -> list:
+    """The dtypes a sim device holds, as C++ names them (asked at the first capability question)."""
+    from .. import capability
+
+    return capability.supported_dtype_names()
 
 
 class CppUnavailable(RuntimeError):
@@ -65,16 +80,23 @@ class CppRuntime:
         self._py = ctypes.PyDLL(str(path))  # the entry points that take Python objects, GIL held
         self._py.fl_sim_set_python.argtypes = [ctypes.py_object] * 3
         self._py.fl_sim_set_observer.argtypes = [ctypes.py_object]
+        self._py.fl_sim_set_graphs.argtypes = [ctypes.py_object]
+        self._py.fl_sim_set_dtypes.argtypes = [ctypes.py_object]
         self.current_stream = library.fl_sim_current_stream
         self.exchange_stream = library.fl_sim_exchange_stream
         self.current_device = library.fl_sim_current_device
         self._set_device = library.fl_sim_set_device
 
     def register(self, devices: int, bfloat16: bool) -> None:
-        """Register the guard, hooks and profiler stubs on PrivateUse1 for ``devices`` devices.
+        """Register the guard, hooks and profiler stubs on PrivateUse1 for ``devices`` devices,
+        the dtypes its capability lists (:mod:`..capability`, found at the first question) and, where torch has
+        ``torch.accelerator.Graph`` (2.12 on), the device's graphs as its implementation.
         Raises :class:`CppUnavailable` when another backend's guard or hooks are there."""
         status = self._lib.fl_sim_register(devices, int(bool(bfloat16)))
         if status != 0:
+            raise CppUnavailable(self._lib.fl_sim_error().decode(errors="replace"))
+        self._py.fl_sim_set_dtypes(_supported_dtype_names)
+        if self._py.fl_sim_set_graphs(_device_graph) == 2:
             raise CppUnavailable(self._lib.fl_sim_error().decode(errors="replace"))
 
     def install_memory(self, allocate, free, service) -> None:

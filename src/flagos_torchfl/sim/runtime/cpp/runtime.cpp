@@ -40,6 +40,10 @@
 #define FL_SIM_HAS_DDP_TIMER 1
 #endif
 
+#if __has_include(<ATen/core/GraphImplInterface.h>)
+#include <ATen/core/GraphImplInterface.h>
+#define FL_SIM_HAS_GRAPH_IMPL 1
+#endif
 #if __has_include(<c10/core/DeviceCapability.h>)
 #include <c10/core/DeviceCapability.h>
 #define FL_SIM_HAS_CAPABILITY 1
@@ -68,6 +72,12 @@ constexpr c10::DispatchKey kKey = c10::DispatchKey::PrivateUse1;
 
 std::atomic<int> g_devices{0};
 std::atomic<bool> g_bfloat16{true};
+// The dtypes a device holds, as bits of c10::DeviceCapability: asked of g_py_dtypes() (names as
+// c10 spells them, fl_sim_set_dtypes) at the first capability question, then kept.
+PyObject* g_py_dtypes = nullptr;
+std::atomic<bool> g_dtypes_known{false};
+std::atomic<uint64_t> g_dtype_bits{~0ULL};
+uint64_t dtype_bits();
 std::atomic<bool> g_used{false};
 thread_local int t_device = 0;
 thread_local c10::StreamId t_streams[kMaxDevices] = {};
@@ -167,6 +177,7 @@ struct Guard final : public c10::impl::DeviceGuardImplInterface {
   c10::DeviceCapability getDeviceCapability(c10::Device d) const override {
     resolve(d.index());
     c10::DeviceCapability capability;
+    capability.capability_data.capability_bits &= dtype_bits();
     if (!g_bfloat16.load()) capability.capability_data.supported_scalar_types.has_BFloat16 = 0;
     return capability;
   }
@@ -914,6 +925,139 @@ at::Tensor sim_copy_from(const at::Tensor& self, const at::Tensor& dst, bool non
   return dst;
 }
 
+// ---- Graphs ----------------------------------------------------------------------------------
+// torch.accelerator.Graph's implementation for the device (at::GraphImplInterface, registered
+// under the device type's name): each graph is one of the sim's Python graphs (the engine of
+// sim/runtime/graphs.py), made by g_py_graph(keep_graph); every call is that graph's method.
+PyObject* g_py_graph = nullptr;
+
+#ifdef FL_SIM_HAS_GRAPH_IMPL
+// Raises the pending Python exception as a C++ one: an accelerator error stays one.
+[[noreturn]] void raise_python_error(PyGILState_STATE gil) {
+  PyObject *type, *value, *trace;
+  PyErr_Fetch(&type, &value, &trace);
+  PyErr_NormalizeException(&type, &value, &trace);
+  const bool accelerator = type != nullptr && PyType_Check(type) &&
+                           std::string(reinterpret_cast<PyTypeObject*>(type)->tp_name) == "AcceleratorError";
+  PyErr_Restore(type, value, trace);
+  std::string message = python_error();
+  PyGILState_Release(gil);
+  if (accelerator) throw c10::AcceleratorError({__func__, __FILE__, static_cast<uint32_t>(__LINE__)}, 0, message);
+  TORCH_CHECK(false, message);
+}
+
+struct GraphImpl final : at::GraphImplInterface {
+  PyObject* graph = nullptr;
+
+  explicit GraphImpl(const at::GraphImplArgs& args) {
+    PyGILState_STATE gil = PyGILState_Ensure();
+    if (g_py_graph == nullptr) {
+      PyGILState_Release(gil);
+      TORCH_CHECK(false, "the sim's graphs are not installed");
+    }
+    graph = PyObject_CallFunction(g_py_graph, "O", args.keep_graph ? Py_True : Py_False);
+    if (graph == nullptr) raise_python_error(gil);
+    PyGILState_Release(gil);
+  }
+
+  ~GraphImpl() override {
+    if (graph == nullptr || !Py_IsInitialized()) return;
+    PyGILState_STATE gil = PyGILState_Ensure();
+    Py_DECREF(graph);
+    PyGILState_Release(gil);
+  }
+
+  // graph.<method>(*args) with `args` built by Py_BuildValue's `format`; the answer (a new reference).
+  template <typename... A>
+  PyObject* call(const char* method, const char* format, A... args) const {
+    PyGILState_STATE gil = PyGILState_Ensure();
+    PyObject* answer = format == nullptr ? PyObject_CallMethod(graph, method, nullptr)
+                                         : PyObject_CallMethod(graph, method, format, args...);
+    if (answer == nullptr) raise_python_error(gil);
+    PyGILState_Release(gil);
+    return answer;
+  }
+
+  void done(PyObject* answer) const {
+    PyGILState_STATE gil = PyGILState_Ensure();
+    Py_DECREF(answer);
+    PyGILState_Release(gil);
+  }
+
+  void capture_begin(at::MempoolId_t pool, at::GraphCaptureMode mode) override {
+    static const char* modes[] = {"default", "global", "thread_local", "relaxed"};
+    const char* name = modes[static_cast<int>(mode)];
+    PyGILState_STATE gil = PyGILState_Ensure();
+    PyObject* token = pool.first == 0 && pool.second == 0
+                          ? (Py_INCREF(Py_None), Py_None)
+                          : Py_BuildValue("(KK)", pool.first, pool.second);
+    PyObject* method = PyObject_GetAttrString(graph, "capture_begin");
+    PyObject* kwargs = Py_BuildValue("{s:O,s:s}", "pool", token, "capture_error_mode", name);
+    PyObject* empty = PyTuple_New(0);
+    PyObject* answer = method && kwargs && empty ? PyObject_Call(method, empty, kwargs) : nullptr;
+    Py_XDECREF(token);
+    Py_XDECREF(method);
+    Py_XDECREF(kwargs);
+    Py_XDECREF(empty);
+    if (answer == nullptr) raise_python_error(gil);
+    Py_DECREF(answer);
+    PyGILState_Release(gil);
+  }
+
+  void capture_end() override { done(call("capture_end", nullptr)); }
+  void instantiate() override { done(call("instantiate", nullptr)); }
+  void replay() override { done(call("replay", nullptr)); }
+  void reset() override { done(call("reset", nullptr)); }
+  void enable_debug_mode() override { done(call("enable_debug_mode", nullptr)); }
+  void debug_dump(const std::string& path) override { done(call("debug_dump", "s", path.c_str())); }
+
+  at::MempoolId_t pool() const override {
+    PyObject* token = call("pool", nullptr);
+    PyGILState_STATE gil = PyGILState_Ensure();
+    unsigned long long first = 0, second = 0;
+    const bool ok = PyArg_ParseTuple(token, "KK", &first, &second);
+    Py_DECREF(token);
+    if (!ok) raise_python_error(gil);
+    PyGILState_Release(gil);
+    return {first, second};
+  }
+};
+#endif
+
+#ifdef FL_SIM_HAS_CAPABILITY
+uint64_t dtype_bits() {
+  if (g_dtypes_known.load() || g_py_dtypes == nullptr) return g_dtype_bits.load();
+  PyGILState_STATE gil = PyGILState_Ensure();
+  PyObject* names = PyObject_CallFunction(g_py_dtypes, nullptr);
+  PyObject* items = names == nullptr ? nullptr : PySequence_Fast(names, "dtype names must be a sequence");
+  Py_XDECREF(names);
+  if (items == nullptr) {
+    std::string message = python_error();
+    PyGILState_Release(gil);
+    TORCH_CHECK(false, "the sim's dtypes: ", message);
+  }
+  std::vector<std::string> wanted;
+  for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(items); ++i) {
+    const char* name = PyUnicode_AsUTF8(PySequence_Fast_GET_ITEM(items, i));
+    if (name != nullptr) wanted.emplace_back(name);
+  }
+  PyErr_Clear();
+  Py_DECREF(items);
+  PyGILState_Release(gil);
+  c10::DeviceCapability capability;
+  capability.capability_data.capability_bits = 0;
+#define FL_SIM_SET_DTYPE(_1, n)                                                                        \
+  if (std::find(wanted.begin(), wanted.end(), std::string(c10::getDtypeNames(c10::ScalarType::n).first)) != \
+      wanted.end())                                                                                    \
+    capability.capability_data.supported_scalar_types.has_##n = 1;
+  AT_FORALL_SCALAR_TYPES_WITH_COMPLEX_AND_QINTS(FL_SIM_SET_DTYPE)
+#undef FL_SIM_SET_DTYPE
+  g_dtype_bits.store(capability.capability_data.capability_bits);
+  g_dtypes_known.store(true);
+  return capability.capability_data.capability_bits;
+}
+#endif
+
 std::unique_ptr<torch::Library> g_library;
 
 Guard* g_guard = nullptr;
@@ -926,7 +1070,7 @@ std::string g_error;
 extern "C" {
 
 // The interface version the Python loader checks before it calls anything else.
-int fl_sim_abi() { return 3; }
+int fl_sim_abi() { return 4; }
 
 // Register the guard, the hooks and the profiler stubs for `devices` devices. Returns 0, or 1 when
 // PrivateUse1 already has hooks or a guard of another's (fl_sim_error says which), 2 on an error.
@@ -995,6 +1139,17 @@ int64_t fl_sim_exchange_stream(int device, int64_t id) {
   return previous;
 }
 
+// Ask names() for the dtypes a device holds (a sequence of names as c10 spells them: "float32",
+// "bfloat16") when torch.accelerator.get_device_capability() is first asked. GIL held.
+int fl_sim_set_dtypes(PyObject* names) {
+  Py_INCREF(names);
+  PyObject* previous = flsim::g_py_dtypes;
+  flsim::g_py_dtypes = names;
+  flsim::g_dtypes_known.store(false);
+  Py_XDECREF(previous);
+  return 0;
+}
+
 // Whether a profiler that records memory is running on the calling thread (profile_memory=True).
 int fl_sim_memory_profiling() { return c10::memoryProfilingEnabled() ? 1 : 0; }
 
@@ -1022,6 +1177,35 @@ int fl_sim_set_python(PyObject* alloc, PyObject* free, PyObject* service) {
   flsim::g_py_free = free;
   flsim::g_py_service = service;
   return 0;
+}
+
+// Make graph(keep_graph) (a Python graph of the device) torch.accelerator.Graph's implementation
+// for the device type, registered under its name as c10 spells it ("SIM", "NPU"). 1: this torch
+// has no graph registry (before 2.12); 2 on an error (fl_sim_error says which). GIL held.
+int fl_sim_set_graphs(PyObject* graph) {
+#ifdef FL_SIM_HAS_GRAPH_IMPL
+  using namespace flsim;
+  try {
+    Py_INCREF(graph);
+    PyObject* previous = g_py_graph;
+    g_py_graph = graph;
+    Py_XDECREF(previous);
+    const std::string key = c10::DeviceTypeName(kType, /*lower_case=*/false);
+    if (!at::GraphImplRegistry()->Has(key)) {
+      at::GraphImplRegistry()->Register(
+          key, [](at::GraphImplArgs args) -> std::unique_ptr<at::GraphImplInterface> {
+            return std::make_unique<GraphImpl>(args);
+          });
+    }
+    return 0;
+  } catch (const std::exception& e) {
+    flsim::g_error = e.what();
+    return 2;
+  }
+#else
+  (void)graph;
+  return 1;
+#endif
 }
 
 // Call observer(overload name, nanoseconds) after every native kernel (None: stop). GIL held.
