@@ -63,7 +63,7 @@ def tagged(tag: str) -> FrozenSet[str]:
 def _tag_table() -> Dict[str, FrozenSet[str]]:
     """Per tag of :data:`CACHED_TAGS`, the overloads that carry it. Reading tags means building
     the overloads' Python packets (about 0.2 s for this torch's ~1,500 packets, most of the
-    sim's activation), so the table is cached (:func:`_cached`)."""
+    sim's activation), so the table is cached (:func:`cached`)."""
     def build(names: Tuple[str, ...]) -> Dict[str, list]:
         table: Dict[str, list] = {tag: [] for tag in CACHED_TAGS}
         for name in names:
@@ -72,7 +72,7 @@ def _tag_table() -> Dict[str, FrozenSet[str]]:
                     table[tag.name].append(name)
         return table
 
-    stored = _cached("tags", CACHED_TAGS, build)
+    stored = cached("tags", CACHED_TAGS, build)
     return {tag: frozenset(stored[tag]) for tag in CACHED_TAGS}
 
 
@@ -85,19 +85,20 @@ def with_kernel(dispatch_key: str) -> FrozenSet[str]:
 
 @functools.lru_cache(maxsize=None)
 def _kernel_table(dispatch_key: str) -> FrozenSet[str]:
-    stored = _cached("kernels", (dispatch_key,),
+    stored = cached("kernels", (dispatch_key,),
                      lambda names: {dispatch_key: [n for n in names if _has(n, dispatch_key)]})
     return frozenset(stored[dispatch_key])
 
 
-def _cached(kind: str, keys: Tuple[str, ...], build: Callable[[Tuple[str, ...]], Dict[str, list]]
-            ) -> Dict[str, list]:
+def cached(kind: str, keys: Tuple[str, ...], build: Callable[[Tuple[str, ...]], Dict[str, list]],
+           salt: Tuple[str, ...] = ()) -> Dict[str, list]:
     """The table ``build(all_aten())`` (``key`` -> overload names for each of ``keys``), kept in a
-    cache file keyed by the torch build, ``keys`` and the overload names (``$XDG_CACHE_HOME``,
-    else ``~/.cache``, under ``flagos_torchfl/aten``); a cache that cannot be read or written is
+    cache file keyed by the torch build, ``keys``, ``salt`` (what else the table is derived from,
+    e.g. the source of the rules that build it) and the overload names (``$XDG_CACHE_HOME``, else
+    ``~/.cache``, under ``flagos_torchfl/aten``); a cache that cannot be read or written is
     rebuilt in memory."""
     names = all_aten()
-    digest = hashlib.sha256("\0".join((torch.__version__, os.path.dirname(torch.__file__), *keys,
+    digest = hashlib.sha256("\0".join((torch.__version__, os.path.dirname(torch.__file__), *keys, *salt,
                                         *names)).encode())
     path = os.path.join(_cache_dir(), f"{kind}-{digest.hexdigest()[:20]}.json")
     try:

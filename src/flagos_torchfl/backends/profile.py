@@ -24,12 +24,12 @@ from __future__ import annotations
 
 import os
 from types import MappingProxyType
-from typing import Dict, List, Mapping, Optional, Tuple
+from typing import Dict, FrozenSet, List, Mapping, Optional, Tuple
 
 from .. import variables
 from ..errors import ConfigError
 from ..tables import chip_models, op_tables
-from ..tables.profile_specs import native_set, rename_problem
+from ..tables.profile_specs import native_set, rename_problem, tensor_kinds
 from ..machine import visible as _visible
 from .base import Backend, DeviceInfo, ProbeResult
 from .cpu import logical_device_count
@@ -141,7 +141,17 @@ class ProfileBackend(SimBackend):
         """The model's: its plugin's ``is_bf16_supported()`` on it."""
         return self.model.bfloat16
 
+    def tensor_kinds(self) -> Optional[Mapping[str, FrozenSet[str]]]:
+        """Per sparse and quantized dispatch key of the device (``SparsePrivateUse1``,
+        ``SparseCsrPrivateUse1``, ``QuantizedPrivateUse1``), the overloads the chip's plugin
+        registers a kernel for: the profile serves those where the sim can and refuses the rest
+        as the plugin's build does (None: the chip's are not known, and the sim serves all)."""
+        return tensor_kinds(self.chip.name)
+
     def start(self, selection: SelectionView):
+        from .. import sim
+
+        sim.limit_tensor_kinds(self.tensor_kinds())
         if self.rename_problem:
             from ..log import get_logger
 

@@ -18,7 +18,7 @@ import logging
 import threading
 import types
 import warnings
-from typing import Iterable
+from typing import Iterable, Mapping
 
 import torch
 
@@ -31,12 +31,17 @@ from .operators.native_ops import (RUNTIME_PRIMITIVES, can_run_natively, default
 __all__ = [
     "install", "is_installed", "native_op_names", "default_native_ops", "parse_native_ops",
     "set_memory_limit", "host_view", "RUNTIME_PRIMITIVES", "runtime_kind", "cpp_problem",
+    "limit_tensor_kinds", "TENSOR_KIND_KEYS",
 ]
 
 logger = logging.getLogger("flagos_torchfl.sim")
 
 _lock = threading.Lock()
 _installed: tuple[int, frozenset[str], str] | None = None
+
+TENSOR_KIND_KEYS = ("SparsePrivateUse1", "SparseCsrPrivateUse1", "QuantizedPrivateUse1")
+"""The sim's dispatch keys for sparse (COO, compressed) and quantized tensors."""
+_tensor_kinds: Mapping[str, frozenset[str]] | None = None
 
 
 def install(num_devices: int = 1, native_ops: Iterable[str] | None = None,
@@ -86,11 +91,32 @@ def install(num_devices: int = 1, native_ops: Iterable[str] | None = None,
             _check_same(num_devices, native, memory_limit, device_type, runtime)
             return getattr(torch, device_type)
         module = registration.claim(num_devices, memory_limit, native, device_type, device_name, bfloat16,
-                                    runtime)
+                                    runtime, _tensor_kinds)
         _installed = (num_devices, native, device_type)
     logger.info("sim: installed %d device(s) of type %r on PrivateUse1 with %d native operator "
                 "overloads", num_devices, device_type, len(native))
     return module
+
+
+def limit_tensor_kinds(kinds: Mapping[str, Iterable[str]] | None) -> None:
+    """Serve on each of the sim's sparse and quantized dispatch keys (:data:`TENSOR_KIND_KEYS`)
+    only the overloads ``kinds`` lists for it (``{"SparsePrivateUse1": ["aten::add.Tensor"]}``; a
+    key it leaves out: none), as a chip whose plugin registers just those; the others are refused
+    with the dispatcher's words for a missing kernel. None: every overload the sim can serve (the
+    default). Call it before :func:`install`; afterwards only the kinds in force are accepted
+    (:class:`~flagos_torchfl.errors.ConfigError` otherwise)."""
+    global _tensor_kinds
+    if kinds is not None:
+        unknown = sorted(set(kinds) - set(TENSOR_KIND_KEYS))
+        if unknown:
+            raise ConfigError(f"unknown dispatch key(s) {', '.join(map(repr, unknown))} for sparse or quantized "
+                              f"tensors; valid: {', '.join(TENSOR_KIND_KEYS)}")
+        kinds = {key: frozenset(kinds.get(key, ())) for key in TENSOR_KIND_KEYS}
+    with _lock:
+        if _installed is not None and kinds != _tensor_kinds:
+            raise ConfigError("the sim is already installed with other sparse and quantized kernels; they cannot "
+                              "change in the same process")
+        _tensor_kinds = kinds
 
 
 def _native_set(native_ops: Iterable[str] | None) -> frozenset[str]:

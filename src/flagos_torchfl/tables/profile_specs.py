@@ -4,8 +4,10 @@ the registry resolves (:meth:`~.registry.Registry.profile`)."""
 from __future__ import annotations
 
 import functools
-from typing import FrozenSet, List, Optional, Tuple
+from types import MappingProxyType
+from typing import FrozenSet, List, Mapping, Optional, Tuple
 
+from .. import data_files
 from ..errors import ConfigError, suggestion
 from . import chip_models, op_tables
 
@@ -66,3 +68,19 @@ def native_set(profile: str) -> FrozenSet[str]:
 
     known, _ = known_table_ops(profile.partition(":")[0])
     return frozenset(n for n in known if can_run_natively(n)) | runtime_primitive_names()
+
+
+#: the device's dispatch keys for sparse and quantized tensors that a chip's plugin registers
+#: kernels on, in ``data/tensor_kinds.json``
+TENSOR_KIND_KEYS = ("SparsePrivateUse1", "SparseCsrPrivateUse1", "QuantizedPrivateUse1")
+
+
+@functools.lru_cache(maxsize=None)
+def tensor_kinds(chip: str) -> Optional[Mapping[str, FrozenSet[str]]]:
+    """Per key of :data:`TENSOR_KIND_KEYS`, the ``aten`` overloads ``chip``'s plugin registers a
+    kernel for (``data/tensor_kinds.json``, each chip's entry citing its source); None for a chip
+    the file does not describe."""
+    entry = data_files.read_json("tensor_kinds.json")["chips"].get(chip)
+    if entry is None:
+        return None
+    return MappingProxyType({key: frozenset(entry[key]) for key in TENSOR_KIND_KEYS})

@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 import sys
 import types
-from typing import Iterable
+from typing import Iterable, Mapping
 
 import torch
 import torch.serialization
@@ -201,12 +201,15 @@ def current_owner() -> str | None:
 
 def claim(num_devices: int, memory_limit: int | None, native: Iterable[str],
           device_type: str = "sim", device_name: str | None = None,
-          bfloat16: bool = True, runtime_mode: str = "auto") -> types.ModuleType:
+          bfloat16: bool = True, runtime_mode: str = "auto",
+          tensor_kinds: Mapping[str, frozenset[str]] | None = None) -> types.ModuleType:
     """Register the sim on PrivateUse1 as device type ``device_type``; returns the device module
     (``torch.<device_type>``). ``runtime_mode``: ``"cpp"`` registers the C++ runtime
     (:mod:`..runtime.cpp`) and fails when it cannot be built or loaded, ``"python"`` the Python guard
     and hooks, ``"auto"`` the C++ runtime where it can be had, else the Python guard with one
-    warning saying why. Raises :class:`PrivateUse1ClaimedError` if another backend holds the
+    warning saying why. ``tensor_kinds``: the overloads each sparse and quantized key serves
+    (:func:`flagos_torchfl.sim.limit_tensor_kinds`; None: all the sim can; a key serving none
+    gets no kernel at all). Raises :class:`PrivateUse1ClaimedError` if another backend holds the
     slot, :class:`BackendUnavailableError` if the slot cannot take that name
     (:func:`rename_problem`) or the C++ runtime was required and cannot be had."""
     missing = compat.sim_missing()
@@ -245,8 +248,10 @@ def claim(num_devices: int, memory_limit: int | None, native: Iterable[str],
     _register_python_kernels(library, frozenset(native) - in_cpp)
     if in_cpp:
         cpp_runtime.register_kernels(in_cpp)
-    for key in (*sparse.lazy_keys(), quantized.lazy_key()):
-        key.install(_keep_alive)
+    served = None if tensor_kinds is None else (lambda key, name: name in tensor_kinds[key])
+    for key in (*sparse.lazy_keys(served), quantized.lazy_key(served)):
+        if tensor_kinds is None or tensor_kinds[key.key]:
+            key.install(_keep_alive)
     _declare_shallow_copy_compatible(library)
     _ask_attention_choice(library)
     _keep_alive.extend([library, _autocast_fallthrough()])

@@ -7,8 +7,9 @@ with a kernel on ``SparseCPU`` (``SparseCsrCPU``) gets a ``SparsePrivateUse1``
 tensors it makes take their device from the arguments, and the dense operators it calls on the
 indices and values dispatch to the sim. The overloads are read from the dispatcher, not listed,
 and registered at the first call that needs one (:mod:`.host_served`).
-A CPU kernel that insists on CPU operands (``addmm``'s "expected 't' to be CPU tensor") runs on
-host copies instead, its result copied back to the device.
+A CPU kernel that insists on CPU operands (``addmm``'s "expected 't' to be CPU tensor") or calls a
+per-device routine that has no entry for the sim (``_coalesce``, ``relu``: "DispatchStub: missing
+kernel") runs on host copies instead, its result copied back to the device.
 """
 from __future__ import annotations
 
@@ -49,6 +50,12 @@ def _device_of(values) -> torch.device | None:
     return None
 
 
+def _needs_host(exc: RuntimeError) -> bool:
+    """Whether a CPU kernel refused the sim's tensors themselves: it wants CPU operands, or a
+    per-device routine it calls (a DispatchStub) has no entry for the sim's device type."""
+    return "CPU" in str(exc) or "DispatchStub: missing kernel for" in str(exc)
+
+
 def _is_write(op) -> bool:
     return any(a.alias_info is not None and a.alias_info.is_write for a in op._schema.arguments)
 
@@ -67,7 +74,7 @@ def _kernel(op, cpu_key: str) -> Callable:
         try:
             return kernel.call_boxed(keyset, *args, **kwargs)
         except RuntimeError as exc:
-            if writes or "CPU" not in str(exc):
+            if writes or not _needs_host(exc):
                 raise
         device = _device_of((*args, *kwargs.values()))
         result = op(*_to(args, None), **{k: _to(v, None) for k, v in kwargs.items()})
