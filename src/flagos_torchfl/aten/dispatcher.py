@@ -76,6 +76,17 @@ def _tag_table() -> Dict[str, FrozenSet[str]]:
     return {tag: frozenset(stored[tag]) for tag in CACHED_TAGS}
 
 
+@functools.lru_cache(maxsize=1)
+def with_generator() -> FrozenSet[str]:
+    """The ATen overloads that take a ``Generator`` argument (random ones draw from it): read from
+    their schemas once per torch build and its overload names, then cached (:func:`cached`)."""
+    def build(names: Tuple[str, ...]) -> Dict[str, list]:
+        return {"generator": [n for n in names
+                              if any(str(a.type) == "Optional[Generator]" for a in schema_of(n).arguments)]}
+
+    return frozenset(cached("schemas", ("generator",), build)["generator"])
+
+
 def with_kernel(dispatch_key: str) -> FrozenSet[str]:
     """The ATen overloads with a kernel of their own on ``dispatch_key`` (``"SparseCPU"``): read
     from the dispatcher once per torch build and its overload names, then cached beside

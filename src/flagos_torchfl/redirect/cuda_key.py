@@ -151,8 +151,9 @@ def _python_registrations(key: str) -> Dict[str, str]:
     """Operators (``ns::name[.overload]``) with a kernel for ``key`` registered from Python by a
     library (``torch.library._impls``), not by torch itself -> the ``_impls`` entry."""
     found = {}
+    suffix = "/" + key
     for entry in list(torch.library._impls):
-        if entry in _DEVICE_KERNELS:
+        if not entry.endswith(suffix) or entry in _DEVICE_KERNELS:
             continue
         namespace, _, rest = entry.partition("/")
         name, _, entry_key = rest.rpartition("/")

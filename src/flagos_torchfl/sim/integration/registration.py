@@ -12,7 +12,7 @@ import torch
 import torch.serialization
 
 from ... import compat
-from ...aten.dispatcher import has_backend_fallback, schema_of, tagged
+from ...aten.dispatcher import has_backend_fallback, tagged, with_generator
 from ...errors import BackendUnavailableError, PrivateUse1ClaimedError
 from ..runtime import device as device_module
 from ..operators import kernels, quantized, sparse
@@ -131,8 +131,7 @@ def cpp_route(names: Iterable[str]) -> frozenset[str]:
             continue
         if name in kernels.HOST_EQUIVALENTS:
             continue
-        if name in tagged("nondeterministic_seeded") or any(
-                str(a.type) == "Optional[Generator]" for a in schema_of(name).arguments):
+        if name in tagged("nondeterministic_seeded") or name in with_generator():
             continue
         chosen.add(name)
     return frozenset(chosen)

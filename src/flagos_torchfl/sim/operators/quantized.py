@@ -60,15 +60,11 @@ def _quantized_dtypes(values) -> list[torch.dtype]:
     for value in values:
         if isinstance(value, torch.Tensor) and value.is_quantized:
             found.append(value.dtype)
-        elif isinstance(value, torch.dtype) and value in _ALL_QUANTIZED:
+        elif isinstance(value, torch.dtype) and str(value).startswith(("torch.qint", "torch.quint")):
             found.append(value)
         elif isinstance(value, (list, tuple)):
             found.extend(_quantized_dtypes(value))
     return found
-
-
-_ALL_QUANTIZED = frozenset(d for d in vars(torch).values()
-                           if isinstance(d, torch.dtype) and str(d).startswith(("torch.qint", "torch.quint")))
 
 
 def raw(tensor: torch.Tensor) -> torch.Tensor:
