@@ -93,5 +93,5 @@ def test_an_unwritable_cache_builds_in_the_temporary_folder(tmp_path):
     (tmp_path / "tmp").mkdir()
     done = run_python(["-c", PROGRAM], env=env, timeout=300)
     assert done.returncode == 0, done.stderr
-    assert "RUNTIME native sim:0 6.0" in done.stdout
+    assert "RUNTIME cpp sim:0 6.0" in done.stdout
     assert list((tmp_path / "tmp").glob(f"flagos_torchfl-sim-cpp-{os.getuid()}/*/{native.LIBRARY_NAME}"))
