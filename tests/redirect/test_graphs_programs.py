@@ -1,6 +1,7 @@
-"""A real program that graphs its decoding, run by itself under ``run`` on cpu, sim and a profile:
+"""Programs that graph their work, run by themselves under ``run``: on cpu, sim and a profile,
 Hugging Face ``generate()`` with ``cache_implementation="static"`` and the forward compiled with
-``mode="reduce-overhead"`` (a random-weight Llama made from a config) decodes eager's tokens."""
+``mode="reduce-overhead"`` (a random-weight Llama made from a config) decodes eager's tokens; under
+the other profiles a CUDA graph captures and replays with the chip's names."""
 from __future__ import annotations
 
 import subprocess
@@ -37,3 +38,39 @@ def test_static_cache_generation_compiled_reduce_overhead_decodes_eagers_tokens(
                           capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "TOKENS True 10" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-2000:]
+
+
+CAPTURE = textwrap.dedent("""
+    import sys
+    import torch
+
+    device_type = sys.argv[1]
+    x = torch.ones(4, 4, device="cuda")
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            y = x * 2 + 1
+    x.fill_(3)
+    graph.replay()
+    own = getattr(getattr(torch, device_type), device_type.upper() + "Graph")
+    print("GRAPH", torch.cuda.CUDAGraph is own, own.__name__, y.sum().item())
+""")
+
+
+@pytest.mark.full
+@pytest.mark.parametrize("profile, device_type", [("cambricon", "mlu"), ("mthreads", "musa")])
+def test_a_cuda_graph_captures_and_replays_under_each_profile_with_the_chips_names(tmp_path, profile, device_type):
+    """torch_mlu's ``MLUGraph`` and torch_musa's ``MUSAGraph`` (the Ascend profile runs every case of
+    :mod:`tests.redirect.graph_cases`), and the verdict counts no graph use as missing there."""
+    from flagos_torchfl.tables.device_modules import missing_uses
+
+    script = tmp_path / "capture.py"
+    script.write_text(CAPTURE)
+    proc = subprocess.run([sys.executable, "-m", "flagos_torchfl", "run", "--profile", profile, str(script),
+                           device_type], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert f"GRAPH True {device_type.upper()}Graph 112.0" in proc.stdout, proc.stdout[-2000:]
+    used = {name for name, _ in missing_uses.rows(profile)}
+    assert not used & {"CUDAGraph", "graph", "make_graphed_callables", "graph_pool_handle",
+                       "is_current_stream_capturing"}
