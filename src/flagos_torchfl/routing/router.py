@@ -160,7 +160,7 @@ class Router:
                     tried.append((route, "forced by the override, and the chip has no native kernel "
                                   "for this call" if route == "native" else "forced by the override"))
                     continue
-                step = getattr(self, f"_try_{route}")(op, key, args, kwargs, tried)
+                step = self._TRY[route](self, op, key, args, kwargs, tried)
                 if step is None:
                     continue
                 if isinstance(step, BaseException):
@@ -266,26 +266,35 @@ class Router:
     def _execute(self, op, decision: Decision, args: tuple, kwargs: dict):
         """(result, host bytes copied, the route taken: a composite that cannot serve a call
         takes the fallback)."""
-        route = decision.route
-        if route == "library":
-            return decision.fn(*args, **kwargs), 0, route
-        if route == "composite":
-            try:
-                return composite.run(op, decision.fn, args, kwargs), 0, route
-            except CompositeAbort as abort:
-                if abort.target is not op:
-                    raise
-                self.stats.miss(schema.qualified_name(op))
-                frames = composite.stack()
-                if frames:
-                    raise CompositeAbort(frames[-1], abort.reason) from None
-                if fallback.can_run(op) is None:
-                    return (*self._run_on_host(op, decision, args, kwargs), "fallback")
-                raise OperatorNotSupportedError(schema.qualified_name(op), self.policy.chip_name,
-                                                [*decision.tried, ("composite", abort.reason)]) from None
-        if route == "fallback":
-            return (*self._run_on_host(op, decision, args, kwargs), route)
-        raise OperatorNotSupportedError(schema.qualified_name(op), self.policy.chip_name, list(decision.tried))
+        run = self._RUN.get(decision.route)
+        if run is None:
+            raise OperatorNotSupportedError(schema.qualified_name(op), self.policy.chip_name, list(decision.tried))
+        return run(self, op, decision, args, kwargs)
+
+    def _run_library(self, op, decision: Decision, args: tuple, kwargs: dict):
+        return decision.fn(*args, **kwargs), 0, "library"
+
+    def _run_composite(self, op, decision: Decision, args: tuple, kwargs: dict):
+        try:
+            return composite.run(op, decision.fn, args, kwargs), 0, "composite"
+        except CompositeAbort as abort:
+            if abort.target is not op:
+                raise
+            self.stats.miss(schema.qualified_name(op))
+            frames = composite.stack()
+            if frames:
+                raise CompositeAbort(frames[-1], abort.reason) from None
+            if fallback.can_run(op) is None:
+                return self._run_fallback(op, decision, args, kwargs)
+            raise OperatorNotSupportedError(schema.qualified_name(op), self.policy.chip_name,
+                                            [*decision.tried, ("composite", abort.reason)]) from None
+
+    def _run_fallback(self, op, decision: Decision, args: tuple, kwargs: dict):
+        return (*self._run_on_host(op, decision, args, kwargs), "fallback")
+
+    #: each route's trial (deciding, on a first call) and run (every later call)
+    _TRY = {"library": _try_library, "composite": _try_composite, "fallback": _try_fallback}
+    _RUN = {"library": _run_library, "composite": _run_composite, "fallback": _run_fallback}
 
     def _run_on_host(self, op, decision: Decision, args: tuple, kwargs: dict):
         try:
