@@ -15,6 +15,10 @@ common part's name and memory per device. Only the runtime is the sim's.
 - A chip without float64 gets a dtype gap for float64 on every native compute operator: such
   calls are routed (and reported), while float64 tensors can still be created, filled, copied
   and read (the runtime primitives and :data:`MEMORY_ONLY` keep their native kernels).
+- Sparse and quantized tensors on the device are served as the chip's plugin registers kernels
+  for them (:meth:`ProfileBackend.tensor_kinds`, ``data/tensor_kinds.json``): an overload the
+  plugin has no kernel for on the device's sparse or quantized key is refused with the
+  dispatcher's words for a missing kernel (``... from the 'Sparsenpu' backend``).
 - Devices: ``<visible-devices variable>`` (e.g. ``ASCEND_RT_VISIBLE_DEVICES=0,1``, or
   ``CUDA_VISIBLE_DEVICES`` copied to it as on the chip) gives the visible ones, else
   ``FL_SIM_DEVICES`` / ``LOCAL_WORLD_SIZE`` / 1. Memory per device: ``FL_SIM_DEVICE_MEMORY``, else
