@@ -59,7 +59,7 @@ FULL_ONLY = {
     "redirect/test_patch_import_order.py": "fresh interpreters per import order",
     "routing/test_ops_cli.py": "the ops command as a program",
     "routing/test_real_models.py": "transformers models on every route",
-    "sim/test_sim_collectives.py": "2-process jobs on the sim's collectives",
+    "sim/integration/test_sim_collectives.py": "2-process jobs on the sim's collectives",
 }
 #: set in the environment of every interpreter the tests start, so that the quick tier's rule
 #: (no interpreter of a test's own) holds in isolated modules' children too

@@ -1,5 +1,8 @@
-"""``sim``: a simulated accelerator on PyTorch's PrivateUse1 dispatch key: its runtime (Python, with a
-small C++ part built at first use: :mod:`.runtime.cpp`), its operators and its integration with torch.
+"""``sim``: a simulated accelerator on PyTorch's PrivateUse1 dispatch key, in three parts, each
+importing only the ones before it: :mod:`.runtime` (its devices, memory, tensors, device module,
+streams and graphs, with a C++ runtime built at first use: :mod:`.runtime.cpp`), :mod:`.operators`
+(which operators it runs natively and the kernels that run them) and :mod:`.integration` (how both
+are registered with torch). This module installs it.
 
 After :func:`install`, ``torch.device("sim")`` is a device like any other: tensors live in memory
 of their own (host memory managed by a per-device caching allocator, never shared with CPU

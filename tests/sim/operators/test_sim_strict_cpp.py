@@ -1,11 +1,11 @@
 """The sim on its C++ runtime (``FL_SIM_RUNTIME=cpp``) is as strict as a device: the cases of
-:mod:`tests.sim.strict_cases`."""
+:mod:`tests.sim.operators.strict_cases`."""
 from __future__ import annotations
 
 import pytest
 
-from tests.sim.strict_cases import *  # noqa: F401,F403 - the shared cases
-from tests.sim.strict_cases import activated_sim
+from tests.sim.operators.strict_cases import *  # noqa: F401,F403 - the shared cases
+from tests.sim.operators.strict_cases import activated_sim
 
 pytestmark = [pytest.mark.isolated, pytest.mark.needs_sim]
 

@@ -1,12 +1,12 @@
 """The same promises on the Python kernels (``FL_SIM_RUNTIME=python``, the route where no C++
-compiler is present), with the CUDA-like native set ``device_kernel_ops``: :mod:`tests.sim.route_cases`."""
+compiler is present), with the CUDA-like native set ``device_kernel_ops``: :mod:`tests.sim.operators.route_cases`."""
 from __future__ import annotations
 
 import pytest
 
 import flagos_torchfl.sim as fsim
 from flagos_torchfl.sim.operators.native_ops import device_kernel_ops
-from tests.sim.route_cases import *  # noqa: F401,F403  (the shared cases run on this runtime)
+from tests.sim.operators.route_cases import *  # noqa: F401,F403  (the shared cases run on this runtime)
 
 pytestmark = [pytest.mark.isolated, pytest.mark.needs_sim]
 

@@ -1,5 +1,5 @@
 """The C++ route (``FL_SIM_RUNTIME=cpp``, with the CUDA-like native set ``device_kernel_ops``): the sim's native operators run through one boxed
-C++ kernel, which promises what the Python kernels promise (:mod:`tests.sim.route_cases`), and the
+C++ kernel, which promises what the Python kernels promise (:mod:`tests.sim.operators.route_cases`), and the
 device's memory is registered in C++ (the PrivateUse1 allocator, the pinned host allocator)."""
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import torch
 
 import flagos_torchfl.sim as fsim
 from flagos_torchfl.sim.operators.native_ops import device_kernel_ops
-from tests.sim.route_cases import *  # noqa: F401,F403  (the shared cases run on this runtime)
+from tests.sim.operators.route_cases import *  # noqa: F401,F403  (the shared cases run on this runtime)
 
 pytestmark = [pytest.mark.isolated, pytest.mark.needs_sim]
 
