@@ -14,11 +14,12 @@ one) reaches these keys, so the first call that needs a kernel always finds it r
 from __future__ import annotations
 
 import threading
-from typing import Callable, Iterable, Optional
+from typing import Any, Callable, Iterable, Optional
 
 import torch
 
 from ...aten.dispatcher import has_kernel
+from ..runtime import state
 
 
 def refusal(name: str, key: str) -> NotImplementedError:
@@ -32,6 +33,28 @@ def refusal(name: str, key: str) -> NotImplementedError:
         "process (if using custom build).")
 
 
+def moved(value: Any, device: Optional[torch.device]) -> Any:
+    """``value`` with every tensor in it (in lists and tuples too) moved to ``device`` (None: the
+    host)."""
+    if isinstance(value, torch.Tensor):
+        return value.to(device) if device is not None else value.cpu()
+    if isinstance(value, (list, tuple)):
+        return type(value)(moved(v, device) for v in value)
+    return value
+
+
+def sim_device_of(values) -> Optional[torch.device]:
+    """The device of the first sim tensor among ``values`` (in lists and tuples too), or None."""
+    for value in values:
+        if isinstance(value, torch.Tensor) and value.device.type == state.DEVICE_TYPE:
+            return value.device
+        if isinstance(value, (list, tuple)):
+            found = sim_device_of(value)
+            if found is not None:
+                return found
+    return None
+
+
 class LazyKey:
     """The kernels of dispatch key ``key``: ``names()`` gives the overloads to serve, and
     ``kernel(name)`` the kernel of one; :meth:`register` registers them all at once,
@@ -42,8 +65,9 @@ class LazyKey:
         self.names = names
         self.kernel = kernel
         self._lock = threading.Lock()
+        #: the library of the kernels registered at the first call (alive with the fallback,
+        #: which holds this object)
         self._library: Optional[torch.library.Library] = None
-        self._keep_alive: list = []
 
     def register(self, library: torch.library.Library) -> int:
         """Register the key's kernels through ``library`` (an ``aten`` IMPL library the caller
@@ -57,19 +81,18 @@ class LazyKey:
         return count
 
     def install(self, keep_alive: list) -> None:
-        """Register the fallback on the key (its library and the kernels' go to ``keep_alive``)."""
+        """Register the fallback on the key; its library goes to ``keep_alive``."""
         fallback = torch.library.Library("_", "IMPL")
         fallback.fallback(self._first_call, self.key, with_keyset=True)
         keep_alive.append(fallback)
-        self._keep_alive = keep_alive
 
     def _first_call(self, keyset, op, *args, **kwargs):
         name = op.name()
         with self._lock:
             if self._library is None:
-                self._library = torch.library.Library("aten", "IMPL")
-                self.register(self._library)
-                self._keep_alive.append(self._library)
+                library = torch.library.Library("aten", "IMPL")
+                self.register(library)
+                self._library = library
         if not has_kernel(name, self.key):
             raise refusal(name, self.key)
         return op.redispatch(keyset, *args, **kwargs)

@@ -12,8 +12,6 @@ import os
 import re
 from typing import Callable, Iterable
 
-import torch
-
 from ...aten.dispatcher import (all_aten, cached, has_computed_kernel, has_kernel, is_implicit,
                                 overloads_by_packet, schema_of, tagged)
 from ...errors import ConfigError, closest

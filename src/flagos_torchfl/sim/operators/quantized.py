@@ -17,13 +17,13 @@ quantized tensors on the sim are refused, naming that.
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Callable
 
 import torch
 
 from ...aten.dispatcher import overload, with_kernel
 from ..runtime import state
-from .host_served import LazyKey
+from .host_served import LazyKey, moved, sim_device_of
 
 KEY, CPU_KEY = "QuantizedPrivateUse1", "QuantizedCPU"
 
@@ -83,25 +83,6 @@ def _copy_from(src: torch.Tensor, dst: torch.Tensor, non_blocking: bool = False)
     return dst
 
 
-def _to(value: Any, device: torch.device | None) -> Any:
-    if isinstance(value, torch.Tensor):
-        return value.to(device) if device is not None else value.cpu()
-    if isinstance(value, (list, tuple)):
-        return type(value)(_to(v, device) for v in value)
-    return value
-
-
-def _device_of(values) -> torch.device | None:
-    for value in values:
-        if isinstance(value, torch.Tensor) and value.device.type == state.DEVICE_TYPE:
-            return value.device
-        if isinstance(value, (list, tuple)):
-            found = _device_of(value)
-            if found is not None:
-                return found
-    return None
-
-
 def _kernel(name: str) -> Callable:
     if name == _COPY:
         return _copy_from
@@ -119,12 +100,12 @@ def _kernel(name: str) -> Callable:
             return kernel.call_boxed(keyset, *args, **kwargs)
         except RuntimeError:
             pass  # a CPU kernel that runs on CPU operands only: on host copies
-        device = _device_of((*args, *kwargs.values()))
-        host_args = _to(args, None)
-        host_kwargs = {k: _to(v, None) for k, v in kwargs.items()}
+        device = sim_device_of((*args, *kwargs.values()))
+        host_args = moved(args, None)
+        host_kwargs = {k: moved(v, None) for k, v in kwargs.items()}
         result = op(*host_args, **host_kwargs)
         if not written:
-            return _to(result, device)
+            return moved(result, device)
         for i in written:
             target, host = ((args[i], host_args[i]) if i < len(args)
                             else (kwargs[names[i]], host_kwargs[names[i]]))

@@ -13,13 +13,12 @@ kernel") runs on host copies instead, its result copied back to the device.
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Callable
 
 import torch
 
 from ...aten.dispatcher import overload, with_kernel
-from .host_served import LazyKey
-from ..runtime import state
+from .host_served import LazyKey, moved, sim_device_of
 
 #: the sim's sparse dispatch keys and the CPU keys whose kernels serve them
 KEYS = {"SparsePrivateUse1": "SparseCPU", "SparseCsrPrivateUse1": "SparseCsrCPU"}
@@ -29,25 +28,6 @@ _NUMBERS = (bool, int, float, complex)
 def overloads(cpu_key: str) -> list[str]:
     """The ``aten`` overloads with a kernel of their own on ``cpu_key``, sorted."""
     return sorted(with_kernel(cpu_key))
-
-
-def _to(value: Any, device: torch.device | None) -> Any:
-    if isinstance(value, torch.Tensor):
-        return value.to(device) if device is not None else value.cpu()
-    if isinstance(value, (list, tuple)):
-        return type(value)(_to(v, device) for v in value)
-    return value
-
-
-def _device_of(values) -> torch.device | None:
-    for value in values:
-        if isinstance(value, torch.Tensor) and value.device.type == state.DEVICE_TYPE:
-            return value.device
-        if isinstance(value, (list, tuple)):
-            found = _device_of(value)
-            if found is not None:
-                return found
-    return None
 
 
 def _needs_host(exc: RuntimeError) -> bool:
@@ -76,9 +56,9 @@ def _kernel(op, cpu_key: str) -> Callable:
         except RuntimeError as exc:
             if writes or not _needs_host(exc):
                 raise
-        device = _device_of((*args, *kwargs.values()))
-        result = op(*_to(args, None), **{k: _to(v, None) for k, v in kwargs.items()})
-        return _to(result, device)
+        device = sim_device_of((*args, *kwargs.values()))
+        result = op(*moved(args, None), **{k: moved(v, None) for k, v in kwargs.items()})
+        return moved(result, device)
 
     run.__name__ = run.__qualname__ = f"sim_sparse_{op.name().replace('::', '_').replace('.', '_')}"
     return run
