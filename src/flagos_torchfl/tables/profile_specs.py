@@ -70,16 +70,13 @@ def native_set(profile: str) -> FrozenSet[str]:
     return frozenset(n for n in known if can_run_natively(n)) | runtime_primitive_names()
 
 
-#: the device's dispatch keys for sparse and quantized tensors that a chip's plugin registers
-#: kernels on, in ``data/tensor_kinds.json``
-TENSOR_KIND_KEYS = ("SparsePrivateUse1", "SparseCsrPrivateUse1", "QuantizedPrivateUse1")
-
-
 @functools.lru_cache(maxsize=None)
 def tensor_kinds(chip: str) -> Optional[Mapping[str, FrozenSet[str]]]:
-    """Per key of :data:`TENSOR_KIND_KEYS`, the ``aten`` overloads ``chip``'s plugin registers a
-    kernel for (``data/tensor_kinds.json``, each chip's entry citing its source); None for a chip
-    the file does not describe."""
+    """Per sparse and quantized dispatch key of the device (:data:`flagos_torchfl.sim.TENSOR_KIND_KEYS`),
+    the ``aten`` overloads ``chip``'s plugin registers a kernel for (``data/tensor_kinds.json``,
+    each chip's entry citing its source); None for a chip the file does not describe."""
+    from ..sim import TENSOR_KIND_KEYS
+
     entry = data_files.read_json("tensor_kinds.json")["chips"].get(chip)
     if entry is None:
         return None
