@@ -111,3 +111,13 @@ def test_a_view_in_inference_mode_of_a_tensor_made_outside_it(sim):
         made = torch.ones(2, device="sim")
     assert view.item() == 16.0 and not view.is_inference() and view._version == base._version
     assert made[0].is_inference() == made.is_inference()
+
+
+def test_a_sparse_result_of_a_dense_operator_lands_on_the_device(sim):
+    """``to_sparse`` of a device tensor: the dense kernel's sparse result is a sparse tensor of the
+    device (its copy served by the device's sparse kernels), as on CUDA."""
+    dense = torch.tensor([[0.0, 2.0], [3.0, 0.0]])
+    got = dense.to("sim").to_sparse()
+    assert got.device == torch.device("sim", 0) and got.layout == torch.sparse_coo
+    assert torch.equal(got.to_dense().cpu(), dense)
+    assert torch.equal(got.coalesce().indices().cpu(), dense.to_sparse().indices())

@@ -10,6 +10,7 @@ tensors with the semantics a device kernel has:
 * an output that shares memory with an input (views, ``detach``, ``_unsafe_view`` ...) is a sim
   tensor on the input's storage with the view's geometry; any other output is copied into fresh
   memory from the sim allocator (outputs that share one fresh buffer stay views of one storage);
+  a sparse or quantized output (``_to_sparse``) is moved to the device whole;
 * a ``device=`` argument naming a sim device is replaced by ``cpu`` for the CPU call and chooses
   the device of the outputs; naming ``cpu`` (``_to_copy`` back to the host) leaves them on the CPU;
 * random overloads draw from the device's own generator, or the sim generator passed to them,
@@ -213,9 +214,10 @@ class _Call:
         return value
 
     def tensor_to_sim(self, v: torch.Tensor) -> torch.Tensor:
-        if v.layout != torch.strided:
-            raise RuntimeError(
-                f"sim supports strided tensors only; {self.name} returned {v.layout}")
+        if v.layout != torch.strided or v.is_quantized:  # a sparse or quantized result (`_to_sparse`
+            # of a dense operand): moved whole, its copy served by the device's kernels for that kind
+            # of tensor, or refused with the dispatcher's words where it has none
+            return v if self.keep_cpu else v.to(torch.device(state.DEVICE_TYPE, self.output_index()))
         cpu_storage = v.untyped_storage()
         owner = getattr(cpu_storage, "_fl_owner", None)
         if self.keep_cpu:

@@ -706,8 +706,11 @@ struct Call {
 
   at::Tensor tensor_to_sim(const at::Tensor& v) {
     if (!v.defined() || v.device().type() != c10::DeviceType::CPU) return v;
-    TORCH_CHECK(v.layout() == c10::kStrided, name(), " supports strided tensors only; ", sig.name,
-                " returned ", v.layout());
+    if (v.layout() != c10::kStrided || v.is_quantized()) {  // a sparse or quantized result
+      // (`_to_sparse` of a dense operand): moved whole, its copy served by the device's kernels
+      // for that kind of tensor, or refused with the dispatcher's words where it has none
+      return keep_cpu ? v : v.to(c10::Device(kType, static_cast<c10::DeviceIndex>(output_device())));
+    }
     c10::StorageImpl* key = v.storage().unsafeGetStorageImpl();
     for (size_t i = 0; i < host_of.size(); ++i) {
       auto& [sim, host] = host_of[i];
