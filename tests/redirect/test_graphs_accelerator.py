@@ -11,7 +11,7 @@ from flagos_torchfl.sim.runtime import capability
 from tests.redirect.graph_cases import REFUSED, accel  # noqa: F401 - the fixture
 
 pytestmark = [pytest.mark.isolated, pytest.mark.needs_sim,
-              pytest.mark.skipif(not hasattr(torch.accelerator, "Graph"),
+              pytest.mark.skipif(not hasattr(getattr(torch, "accelerator", None), "Graph"),
                                  reason="torch.accelerator.Graph arrived in torch 2.12")]
 BACKEND = "sim"
 PROFILE = None

@@ -7,13 +7,15 @@ import os
 
 import pytest
 import torch
-import torch.accelerator
 import torch.autograd.variable
 
 import flagos_torchfl as ft
-from flagos_torchfl.sim.integration import torch_patches
+from flagos_torchfl import compat
 
 pytestmark = [pytest.mark.isolated, pytest.mark.needs_sim]
+if not compat.has("python_privateuse1_backend"):  # the sim's floor: nothing here can import
+    pytest.skip(compat.sim_floor_reason(torch.__version__), allow_module_level=True)
+from flagos_torchfl.sim.integration import torch_patches  # noqa: E402
 
 
 def _torch_state() -> dict:
