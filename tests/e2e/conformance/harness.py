@@ -35,9 +35,6 @@ SKIP: Dict[str, str] = {
         "nn.functional.feature_alpha_dropout.with_train", "nn.functional.rrelu",
         "nn.functional.fractional_max_pool2d", "nn.functional.fractional_max_pool3d",
     )},
-    **{name: "sparse layout: sim tensors are strided (dense) only, like most chips' runtimes" for name in (
-        "sparse.mm.reduce", "sparse.sampled_addmm", "to_sparse",
-    )},
 }
 
 #: OpInfos whose output is uninitialised memory: only shape, dtype and strides are compared.
