@@ -39,6 +39,13 @@ def overload(name: str) -> torch._ops.OpOverload:
     return getattr(getattr(getattr(torch.ops, namespace), packet), overload_name or "default")
 
 
+@functools.lru_cache(maxsize=None)
+def written_args(op: "torch._ops.OpOverload") -> Tuple[str, ...]:
+    """Names of the arguments operator ``op`` writes to (``self`` of ``add_``, ``out`` ...), in
+    schema order."""
+    return tuple(a.name for a in op._schema.arguments if a.alias_info is not None and a.alias_info.is_write)
+
+
 def schema_of(name: str) -> torch._C.FunctionSchema:
     """The schema of overload ``name``, read from the dispatcher without building its Python
     packet (``torch.ops.aten.<packet>``), which costs a hundred times more."""

@@ -7,6 +7,8 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
+from ..aten.dispatcher import written_args  # noqa: F401  (the routing layer asks it here too)
+
 OpOverload = torch._ops.OpOverload
 
 
@@ -42,11 +44,6 @@ def split_call(op: OpOverload, bound: Dict[str, Any]) -> Tuple[list, dict]:
             args.append(bound[arg.name])
     return args, kwargs
 
-
-@functools.lru_cache(maxsize=None)
-def written_args(op: OpOverload) -> Tuple[str, ...]:
-    """Names of the arguments the operator writes to (``self`` of ``add_``, ``out`` ...)."""
-    return tuple(a.name for a in op._schema.arguments if a.alias_info is not None and a.alias_info.is_write)
 
 
 @functools.lru_cache(maxsize=None)

@@ -21,7 +21,7 @@ from typing import Callable
 
 import torch
 
-from ...aten.dispatcher import overload, with_kernel
+from ...aten.dispatcher import overload, with_kernel, written_args
 from ..runtime import state
 from .host_served import LazyKey, moved, sim_device_of
 
@@ -89,8 +89,8 @@ def _kernel(name: str) -> Callable:
     op = overload(name)
     kernel = torch.library.get_kernel(op, CPU_KEY)
     keyset = torch._C.DispatchKeySet(torch._C.DispatchKey.QuantizedCPU)
-    written = [i for i, a in enumerate(op._schema.arguments) if a.alias_info is not None and a.alias_info.is_write]
     names = [a.name for a in op._schema.arguments]
+    written = [names.index(name) for name in written_args(op)]
 
     def run(*args, **kwargs):
         check_runtime(name)

@@ -17,7 +17,7 @@ from typing import Callable
 
 import torch
 
-from ...aten.dispatcher import overload, with_kernel
+from ...aten.dispatcher import overload, with_kernel, written_args
 from .host_served import LazyKey, moved, sim_device_of
 
 #: the sim's sparse dispatch keys and the CPU keys whose kernels serve them
@@ -36,16 +36,12 @@ def _needs_host(exc: RuntimeError) -> bool:
     return "CPU" in str(exc) or "DispatchStub: missing kernel for" in str(exc)
 
 
-def _is_write(op) -> bool:
-    return any(a.alias_info is not None and a.alias_info.is_write for a in op._schema.arguments)
-
-
 def _kernel(op, cpu_key: str) -> Callable:
     kernel = torch.library.get_kernel(op, cpu_key)
     keyset = torch._C.DispatchKeySet(getattr(torch._C.DispatchKey, cpu_key))
     tensor_params = {i for i, a in enumerate(op._schema.arguments)
                      if not a.kwarg_only and str(a.type) in ("Tensor", "Optional[Tensor]")}
-    writes = _is_write(op)
+    writes = bool(written_args(op))
 
     def run(*args, **kwargs):
         # a wrapped-number argument (``s * 2``) reaches a Python kernel as a number

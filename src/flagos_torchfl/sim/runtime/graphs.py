@@ -49,6 +49,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map
 
+from ...aten.dispatcher import written_args
+
 CAPTURE_ERROR_MODES = ("default", "global", "thread_local", "relaxed")
 #: calls that only allocate: their memory is the captured output's, nothing to replay
 _ALLOCATIONS = frozenset({"empty", "empty_strided", "empty_like", "new_empty", "new_empty_strided"})
@@ -144,7 +146,7 @@ class _Recorder(TorchDispatchMode):
         if on_device and self._forbidden(func, args, kwargs, runtime):
             self.capture.failed = True
             raise runtime.refusal()
-        mutates = _mutates(func)
+        mutates = bool(written_args(func))
         if mutates:
             self._save_written(func, args, kwargs, runtime)
         if self.allocator is None:
@@ -164,10 +166,8 @@ class _Recorder(TorchDispatchMode):
         """Save the bytes of every storage of the device that ``func`` writes and the capture
         did not make (before the first write only)."""
         bound = dict(zip((a.name for a in func._schema.arguments), args), **kwargs)
-        for argument in func._schema.arguments:
-            if argument.alias_info is None or not argument.alias_info.is_write:
-                continue
-            for tensor in _tensors(bound.get(argument.name)):
+        for name in written_args(func):
+            for tensor in _tensors(bound.get(name)):
                 key = _address(tensor)
                 if tensor.device.type == runtime.device_type and key not in self.made and key not in self.saved:
                     whole = _whole_storage(tensor)
@@ -218,13 +218,8 @@ def _tensors(value: Any) -> List[torch.Tensor]:
 def _is_view(func) -> bool:
     """Whether ``func`` only makes views (its results alias an input, nothing is written)."""
     schema = func._schema
-    writes = any(a.alias_info is not None and a.alias_info.is_write for a in schema.arguments)
-    return not writes and bool(schema.returns) and all(
+    return not written_args(func) and bool(schema.returns) and all(
         r.alias_info is not None and not r.alias_info.is_write for r in schema.returns)
-
-
-def _mutates(func) -> bool:
-    return any(a.alias_info is not None and a.alias_info.is_write for a in func._schema.arguments)
 
 
 class _Step:
@@ -312,7 +307,7 @@ class DeviceGraph:
         that do not keep them alive when the graph's pool holds their memory."""
         if _is_view(func) or func.overloadpacket.__name__ in _ALLOCATIONS:
             return None
-        mutates = _mutates(func)
+        mutates = bool(written_args(func))
         if torch.Tag.nondeterministic_seeded in func.tags:
             into = None if mutates else _tensors(out)
             return _Step(func, args, kwargs, into)
