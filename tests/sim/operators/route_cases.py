@@ -1,13 +1,23 @@
-"""What a sim kernel promises (``flagos_torchfl.sim.operators.kernels``' docstring), checked the same way on
-both runtimes: the C++ route's C++ kernel (test_cpp_route.py) and the Python kernels
-(test_python_route.py). Each module defines the ``sim`` fixture that installs its runtime;
-the tests here compare with the same operation on CPU tensors."""
+"""What a sim kernel promises (``flagos_torchfl.sim.operators.kernels``' docstring), checked the
+same way on both runtimes: the C++ route's C++ kernel (test_cpp_route.py) and the Python kernels
+(test_python_route.py). Each module's ``sim`` fixture installs its runtime
+(:func:`installed_sim`); the tests here compare with the same operation on CPU tensors."""
 from __future__ import annotations
 
 import copy as copy_module
 
 import pytest
 import torch
+
+import flagos_torchfl.sim as fsim
+from flagos_torchfl.sim.operators.native_ops import device_kernel_ops
+
+
+def installed_sim(runtime: str):
+    """The sim on ``runtime`` with two devices and the CUDA-like native set ``device_kernel_ops``."""
+    module = fsim.install(num_devices=2, native_ops=device_kernel_ops(), runtime=runtime)
+    assert fsim.runtime_kind() == runtime
+    return module
 
 
 def test_in_place_returns_the_tensor_given_and_changes_it(sim):

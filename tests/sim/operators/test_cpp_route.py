@@ -1,23 +1,22 @@
-"""The C++ route (``FL_SIM_RUNTIME=cpp``, with the CUDA-like native set ``device_kernel_ops``): the sim's native operators run through one boxed
-C++ kernel, which promises what the Python kernels promise (:mod:`tests.sim.operators.route_cases`), and the
-device's memory is registered in C++ (the PrivateUse1 allocator, the pinned host allocator)."""
+"""The C++ route (``FL_SIM_RUNTIME=cpp``, with the CUDA-like native set ``device_kernel_ops``): the
+sim's native operators run through one boxed C++ kernel, which promises what the Python kernels
+promise (:mod:`tests.sim.operators.route_cases`), and the device's memory is registered in C++
+(the PrivateUse1 allocator, the pinned host allocator)."""
 from __future__ import annotations
 
 import pytest
 import torch
 
 import flagos_torchfl.sim as fsim
-from flagos_torchfl.sim.operators.native_ops import device_kernel_ops
 from tests.sim.operators.route_cases import *  # noqa: F401,F403  (the shared cases run on this runtime)
+from tests.sim.operators.route_cases import installed_sim
 
 pytestmark = [pytest.mark.isolated, pytest.mark.needs_sim]
 
 
 @pytest.fixture(scope="module")
 def sim():
-    module = fsim.install(num_devices=2, native_ops=device_kernel_ops(), runtime="cpp")
-    assert fsim.runtime_kind() == "cpp"
-    return module
+    return installed_sim("cpp")
 
 
 def test_native_operators_have_the_cpp_kernel_and_random_ones_the_python_kernel(sim):
