@@ -14,9 +14,9 @@ import torch.serialization
 from ... import compat
 from ...aten.dispatcher import has_backend_fallback, tagged, with_generator
 from ...errors import BackendUnavailableError, PrivateUse1ClaimedError
-from ..runtime import device as device_module
 from ..operators import kernels, quantized, sparse
 from ..runtime import cpp, state, tensors
+from ..runtime import device as device_module
 from . import inductor, torch_patches
 
 logger = logging.getLogger("flagos_torchfl.sim")

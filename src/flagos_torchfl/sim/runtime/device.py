@@ -24,8 +24,7 @@ import torch
 
 from ...aten import dispatcher
 from ...inline import InlineEvent, InlineStream
-from . import graphs
-from . import state, tensors
+from . import graphs, state, tensors
 
 __all__ = [
     "is_available", "is_initialized", "init", "device_count", "current_device", "set_device", "device",
@@ -386,21 +385,21 @@ _stream_local = threading.local()
 
 def use_cpp_streams() -> None:
     """Make :class:`Stream` and :class:`Event` PyTorch's ``torch.Stream`` / ``torch.Event`` on the
-    C++ runtime's guard (:mod:`.native_streams`, imported only then: a torch older than the
+    C++ runtime's guard (:mod:`.streams`, imported only then: a torch older than the
     sim's floor has no ``torch.Event``), once it is registered."""
     global Stream, Event
-    from . import streams as native_streams
+    from . import streams as cpp_streams
 
-    Stream, Event = native_streams.Stream, native_streams.Event
+    Stream, Event = cpp_streams.Stream, cpp_streams.Event
 
 
 def default_stream(device: Any = None) -> Stream:
     """``device``'s default stream."""
     index = _index(device)
     if state.cpp_runtime() is not None:
-        from .streams import default_stream as native_default
+        from .streams import default_stream as cpp_default
 
-        return native_default(index)
+        return cpp_default(index)
     s = _default_streams.get(index)
     if s is None:
         s = _default_streams.setdefault(index, Stream(index, _stream_id=0))
@@ -411,9 +410,9 @@ def current_stream(device: Any = None) -> Stream:
     """The calling thread's current stream on ``device`` (its default stream unless set)."""
     index = _index(device)
     if state.cpp_runtime() is not None:
-        from .streams import current_stream as native_current
+        from .streams import current_stream as cpp_current
 
-        return native_current(index)
+        return cpp_current(index)
     current = getattr(_stream_local, "streams", {})
     return current.get(index) or default_stream(index)
 
@@ -423,9 +422,9 @@ def set_stream(stream: Stream) -> None:
     if stream is None:
         return
     if state.cpp_runtime() is not None:
-        from .streams import set_stream as native_set
+        from .streams import set_stream as cpp_set
 
-        return native_set(stream)
+        return cpp_set(stream)
     if not hasattr(_stream_local, "streams"):
         _stream_local.streams = {}
     _stream_local.streams[stream.device.index] = stream

@@ -31,12 +31,12 @@ _generators: list["SimGenerator"] = []
 _local = threading.local()
 _rng_lock = threading.RLock()
 _cpp = None
-"""The C++ runtime (:class:`.native.CppRuntime`) once registered: it holds each thread's
+"""The C++ runtime (:class:`.cpp.CppRuntime`) once registered: it holds each thread's
 current device, which PyTorch's C++ side then sees too; None: the sim's own thread-local."""
 
 
 def use_cpp(runtime: object) -> None:
-    """Make ``runtime`` (a registered :class:`.native.CppRuntime`) hold the current device."""
+    """Make ``runtime`` (a registered :class:`.cpp.CppRuntime`) hold the current device."""
     global _cpp
     _cpp = runtime
 

@@ -64,9 +64,9 @@ class _Memory:
 def report_memory(ptr: int, delta: int, alloc: CachingAllocator) -> None:
     """Tell a profiler that records memory (``profile_memory=True``) that ``delta`` bytes at
     ``ptr`` were allocated (negative: freed) on ``alloc``'s device (needs the C++ runtime)."""
-    native = state.cpp_runtime()
-    if native is not None and native.memory_profiling():
-        native.report_memory(ptr, delta, alloc.allocated, alloc.reserved, alloc.device_index)
+    cpp_runtime = state.cpp_runtime()
+    if cpp_runtime is not None and cpp_runtime.memory_profiling():
+        cpp_runtime.report_memory(ptr, delta, alloc.allocated, alloc.reserved, alloc.device_index)
 
 
 def cpp_allocate(index: int, nbytes: int) -> tuple:
@@ -125,9 +125,9 @@ def is_sim_storage(storage: torch.UntypedStorage) -> bool:
 
 def owns_block(storage: torch.UntypedStorage) -> bool:
     """Whether ``storage`` holds its own block of the sim allocator (made by :func:`new_storage`)."""
-    native = state.cpp_runtime()
-    if native is not None:
-        return native.owns_block(storage)
+    cpp_runtime = state.cpp_runtime()
+    if cpp_runtime is not None:
+        return cpp_runtime.owns_block(storage)
     return getattr(storage, "_fl_memory", None) is not None
 
 
@@ -306,9 +306,9 @@ def resize_storage(storage: torch.UntypedStorage, nbytes: int) -> None:
         return
     if nbytes < 0:
         raise RuntimeError(f"cannot resize a storage to {nbytes} bytes")
-    native = state.cpp_runtime()
-    if native is not None:
-        native.resize_storage(storage, nbytes)
+    cpp_runtime = state.cpp_runtime()
+    if cpp_runtime is not None:
+        cpp_runtime.resize_storage(storage, nbytes)
         return
     index = storage.device.index
     fresh = new_storage(nbytes, index)
