@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import os
+import random
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -38,6 +40,26 @@ def clean_env(extra: Optional[Mapping[str, str]] = None) -> dict:
     env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
     env.update(extra or {})
     return env
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now, taken below the kernel's ephemeral
+    range: a port the kernel hands out (a bind to port 0, any outgoing connection, such as
+    another test's store client) can be taken again between this call and the child's bind,
+    a port outside that range only by another explicit bind."""
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    for _ in range(100):
+        port = random.randrange(10000, max(low, 10001))
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free TCP port found below the ephemeral range")
 
 
 def run_python(args, env: Optional[Mapping[str, str]] = None, timeout: float = 120, cwd=None):

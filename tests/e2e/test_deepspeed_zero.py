@@ -6,20 +6,14 @@ DeepSpeed's accelerator and collective are the backend's, and the losses equal t
 within bf16 tolerance."""
 from __future__ import annotations
 
-import socket
 import sys
 
 import pytest
 
 from tests.e2e.realclients import by_rank, client, records, requires, run_launched
+from tests.helpers import free_port
 
 pytestmark = requires("deepspeed")
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 _RUNS: dict = {}
@@ -30,7 +24,7 @@ def _zero(backend: str, stage: int, profile: str = "") -> dict:
     key = (backend, stage, profile)
     if key not in _RUNS:
         torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
-                    f"--master_port={_port()}", client("deepspeed_zero.py"), str(stage)]
+                    f"--master_port={free_port()}", client("deepspeed_zero.py"), str(stage)]
         env = {"FL_BACKEND": backend, "OMP_NUM_THREADS": "1", **({"FL_SIM_PROFILE": profile} if profile else {})}
         _RUNS[key] = by_rank(records(run_launched(["--", *torchrun], env=env, timeout=500), "deepspeed"))
     return _RUNS[key]

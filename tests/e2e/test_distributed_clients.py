@@ -15,7 +15,6 @@ import concurrent.futures
 import importlib.util
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -23,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from flagos_torchfl import compat
-from tests.helpers import ROOT, clean_env, run_tree
+from tests.helpers import ROOT, clean_env, free_port, run_tree
 
 CLIENTS = Path(__file__).parent / "clients"
 TIMEOUT = 400
@@ -77,13 +76,7 @@ def _env(extra=None) -> dict:
 def _torchrun(*args: str) -> list:
     """torchrun with 2 processes on a port of its own (launches run side by side)."""
     return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
-            f"--master_port={_port()}", *args]
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+            f"--master_port={free_port()}", *args]
 
 
 def _run(argv, env=None) -> subprocess.CompletedProcess:
@@ -98,7 +91,7 @@ def _launched(backend: str, argv, extra=None):
 
 def _two_agents(script_args, out: Path):
     """Two torchrun agents (``--nnodes=2``, c10d rendezvous), each under the launcher, on sim."""
-    endpoint = f"127.0.0.1:{_port()}"
+    endpoint = f"127.0.0.1:{free_port()}"
     argv = [sys.executable, "-m", "flagos_torchfl", "run", "--", sys.executable, "-m",
             "torch.distributed.run", "--nnodes=2", "--nproc_per_node=1", "--rdzv_backend=c10d",
             f"--rdzv_endpoint={endpoint}", "--rdzv_id=two-agents", *script_args]

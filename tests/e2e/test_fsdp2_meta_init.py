@@ -10,21 +10,14 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import sys
 from pathlib import Path
 
 import pytest
 
-from tests.helpers import ROOT, clean_env, run_tree
+from tests.helpers import ROOT, clean_env, free_port, run_tree
 
 CLIENT = Path(__file__).parent / "clients" / "fsdp2_meta_init.py"
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.mark.needs_sim
@@ -36,7 +29,7 @@ def test_fsdp2_meta_init_trains_on_sim_and_resumes_from_its_checkpoint(tmp_path)
     env["PYTHONPATH"] = str(ROOT / "src") + os.pathsep + env.get("PYTHONPATH", "")
     env["OMP_NUM_THREADS"] = "1"
     argv = [sys.executable, "-m", "flagos_torchfl", "run", "--", sys.executable, "-m",
-            "torch.distributed.run", "--nproc_per_node=2", f"--master_port={_port()}", str(CLIENT),
+            "torch.distributed.run", "--nproc_per_node=2", f"--master_port={free_port()}", str(CLIENT),
             str(tmp_path / "ckpt"), str(tmp_path)]
     proc = run_tree(argv, env, 400)
     files = sorted(tmp_path.glob("fsdp2_meta_init.rank*.json"))

@@ -8,7 +8,6 @@ from __future__ import annotations
 import contextlib
 import io
 import json
-import socket
 import sys
 import threading
 
@@ -16,7 +15,7 @@ import pytest
 import yaml
 
 from flagos_torchfl.cli import main
-from tests.helpers import clean_env, run_tree
+from tests.helpers import clean_env, free_port, run_tree
 from tests.e2e.k8s_controllers import pods
 
 SCRIPT = "tests/e2e/clients/tiny_ddp.py"
@@ -24,12 +23,6 @@ SCRIPT = "tests/e2e/clients/tiny_ddp.py"
 #: with "$$": torchrun's own ${local_rank} macro turns "$$" into "$" in the script's arguments)
 LITERAL = "$(MASTER_PORT)-$NODE_RANK"
 PORT_VARIABLES = ("MASTER_PORT", "PET_MASTER_PORT")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def manifests(kind: str, backend: str, out) -> list:

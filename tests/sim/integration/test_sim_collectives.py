@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import datetime
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -19,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.helpers import clean_env
+from tests.helpers import clean_env, free_port
 
 pytestmark = [pytest.mark.isolated, pytest.mark.needs_sim]
 
@@ -29,17 +28,11 @@ RUNS = {"sim": ALL, "cpu": ALL, "simonly": ("collectives", "dcp")}
 WORLD = 2
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _launch(mode: str, scenarios, out: Path) -> list[str]:
     """Run both ranks of ``mode`` and return their outputs (stdout+stderr)."""
     out.mkdir(parents=True)
     env = clean_env({"WORLD_SIZE": str(WORLD), "MASTER_ADDR": "127.0.0.1",
-                     "MASTER_PORT": str(_free_port()), "CKPT_DIR": str(out / "ckpt")})
+                     "MASTER_PORT": str(free_port()), "CKPT_DIR": str(out / "ckpt")})
     procs = [subprocess.Popen([sys.executable, str(SCRIPT), mode, str(out), ",".join(scenarios)],
                               env=dict(env, RANK=str(r), LOCAL_RANK=str(r)),
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
