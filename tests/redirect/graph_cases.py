@@ -1,7 +1,8 @@
 """The cases of CUDA graphs and ``torch.compile(mode="reduce-overhead")`` on a backend: capture
 and replay through ``torch.cuda`` (PyTorch's documentation examples: whole-network capture of a
 training step, partial capture with ``make_graphed_callables``), what a capture refuses and with
-which message, random operators drawing fresh numbers at each replay, pools shared between
+which message, random operators drawing fresh numbers at each replay (and none at the
+capture), pools shared between
 graphs (on a device with its own allocator: the memory a pool holds, reused and given back), and
 the compiled path. A module that imports them names its backend (``BACKEND``) and
 its sim profile (``PROFILE``, None: none); the sim's modules run in fresh interpreters."""
@@ -135,6 +136,26 @@ def test_random_operators_draw_fresh_numbers_at_each_replay(accel):
     assert not torch.equal(draws[0][0], draws[1][0]) and not torch.equal(draws[1][0], draws[2][0])
     assert not torch.equal(draws[0][1], draws[1][1])
     assert set(draws[2][1].unique().tolist()) <= {0.0, 2.0}
+
+
+def test_a_capture_draws_no_number_the_program_would_see(accel):
+    """As a CUDA capture, which reserves philox offsets for its replays and leaves the
+    generator's: the numbers drawn after a capture are those drawn without it, and each replay
+    draws the numbers eager code would draw at that point."""
+    static = torch.zeros(64, device="cuda")
+    graph = torch.cuda.CUDAGraph()
+    torch.manual_seed(3)
+    expected_after = torch.randn(64, device="cuda")
+    expected_replay = torch.randn(64, device="cuda")
+    torch.manual_seed(3)
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        graph.capture_begin()
+        noise = torch.randn(64, device="cuda") + static
+        graph.capture_end()
+    assert torch.equal(torch.randn(64, device="cuda"), expected_after)
+    graph.replay()
+    assert torch.equal(noise, expected_replay)
 
 
 def test_static_outputs_follow_static_inputs_and_pools_are_shared(accel):

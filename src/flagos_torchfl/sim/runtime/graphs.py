@@ -7,8 +7,10 @@ operator call that touches a tensor of the graph's device, at the dispatcher's l
 autograd, above the device's kernels, whatever implements them). The calls also run, so the
 tensors the capture makes hold values at once (a CUDA capture runs nothing until the first
 replay); the memory that existed before the capture and that a call wrote is saved before that
-write and put back at ``capture_end``, so the capture changes nothing the program had, as on CUDA
-(a captured ``optimizer.step()`` updates the parameters at each replay, not at the capture). Calls
+write and put back at ``capture_end``, and so is the device's generator, so the capture changes
+nothing the program had, as on CUDA (a captured ``optimizer.step()`` updates the parameters at
+each replay, not at the capture; the random numbers drawn after the capture are those drawn
+without it). Calls
 on other devices only run, as on CUDA. A replay writes to the same memory the capture did, where
 the program's static inputs and outputs are.
 
@@ -253,6 +255,8 @@ class DeviceGraph:
         self._capture: Optional[_Capture] = None
         self._recorder: Optional[_Recorder] = None
         self._pool: Optional[Tuple[int, int]] = None
+        #: the device generator's state at ``capture_begin``, put back at ``capture_end``
+        self._rng_state: Optional[torch.Tensor] = None
         #: the allocator whose pool ``_pool`` this graph uses, until its reset
         self._pool_allocator: Optional[Any] = None
         self._debug = False
@@ -278,6 +282,7 @@ class DeviceGraph:
         if allocator is not None:
             allocator.retain_pool(self._pool)
             self._pool_allocator = allocator
+        self._rng_state = module.get_rng_state()
         capture = _Capture(self, threading.get_ident(), stream, capture_error_mode)
         with _captures_lock:
             _captures.append(capture)
@@ -295,6 +300,8 @@ class DeviceGraph:
         self._capture = self._recorder = None
         with torch.no_grad():
             recorder.restore()
+        self.runtime.module.set_rng_state(self._rng_state)
+        self._rng_state = None
         if capture.failed:
             self._release_pool()
             raise _accelerator_error(f"{self.runtime.name} error: operation failed due to a previous error "
