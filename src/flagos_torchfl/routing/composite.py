@@ -107,12 +107,24 @@ def _fused_lstm_cell_backward(grad_hy, grad_cy, cx, cy, workspace, has_bias):
     return grad_gates, grad_c * f, grad_gates.sum(0)
 
 
+def _softmax_backward_data(grad_output, output, dim, input_dtype):
+    """``_softmax_backward_data`` in the order of operations of the CPU kernel (and CUDA's):
+    ``output * (grad_output - sum(grad_output * output, dim))``, in float32 for float16/bfloat16
+    inputs, rounded once to ``input_dtype``. torch's decomposition computes
+    ``grad_output * output - output * sum(...)``, which rounds differently: the gradients of an
+    attention with dropout drifted from the CPU's by 1e-5."""
+    grad, out = _upcast(grad_output), _upcast(output)
+    grad_input = (grad - (grad * out).sum(dim, keepdim=True)) * out
+    return grad_input.to(input_dtype).contiguous()
+
+
 #: decompositions that keep view semantics (views into the same storage), by overload
 VIEW_DECOMPOSITIONS = {
     "aten::view_as_complex": (_view_as_complex, "view.dtype then squeeze (a view)"),
     "aten::view_as_real": (_view_as_real, "unsqueeze then view.dtype (a view)"),
 }
-#: decompositions beyond torch's tables, by overload
+#: decompositions beyond torch's tables, by overload (an entry for a functional overload serves
+#: its in-place and ``out=`` overloads too), looked up before torch's tables
 EXTRA_DECOMPOSITIONS = {
     # which fused attention kernel to use: none, the composite (math) attention
     "aten::_fused_sdp_choice": (_math_attention, "the composite (math) attention"),
@@ -120,6 +132,8 @@ EXTRA_DECOMPOSITIONS = {
     "aten::_thnn_fused_lstm_cell": (_fused_lstm_cell, "LSTM cell from sigmoid/tanh/mul/add"),
     "aten::_thnn_fused_lstm_cell_backward_impl": (
         _fused_lstm_cell_backward, "LSTM cell backward from the saved gates"),
+    # softmax's backward, computed as the CPU kernel computes it
+    "aten::_softmax_backward_data": (_softmax_backward_data, "softmax backward in the CPU kernel's order"),
 }
 
 
@@ -139,7 +153,12 @@ def find(op) -> Optional[Tuple[Decomposition, str]]:
         fn = decompositions.get(op)
         return (_in_opmath(op, fn), "torch._decomp") if fn is not None else None
     functional = schema.functional_variant(op)
-    if functional is not None and functional in decompositions:
+    if functional is None:
+        return None
+    extra = EXTRA_DECOMPOSITIONS.get(schema.qualified_name(functional))
+    if extra is not None:
+        return _writing(op, functional, extra[0]), f"{extra[1]}, written into the output"
+    if functional in decompositions:
         fn = _in_opmath(functional, decompositions[functional])
         return _writing(op, functional, fn), f"torch._decomp of {schema.qualified_name(functional)}, written into the output"
     return None
