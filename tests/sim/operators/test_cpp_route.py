@@ -78,3 +78,39 @@ def test_the_sim_backend_counts_every_cpp_kernel_call_for_the_verdict(sim):
     x.add(x)  # stopped: not heard
     adds = [ns for name, ns in heard if name == "aten::add.Tensor"]
     assert len(adds) == 3 and all(ns > 0 for ns in adds)
+
+
+@pytest.mark.parametrize("causal, masked", [(True, False), (False, False), (False, True)])
+def test_attention_chooses_and_runs_the_hosts_fused_kernel(sim, causal, masked):
+    """With the host's flash attention in the native set, ``scaled_dot_product_attention``
+    chooses its kernel as the CPU does and runs it natively: forward and backward equal the CPU's
+    bit for bit (the math composite rounds differently)."""
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 3, 8, 16, requires_grad=True) for _ in range(3))
+    mask = torch.rand(8, 8) > 0.3 if masked else None
+    expected = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal)
+    expected.sum().backward()
+    on_sim = [t.detach().to("sim").requires_grad_() for t in (q, k, v)]
+    with torch.profiler.profile() as prof:
+        out = torch.nn.functional.scaled_dot_product_attention(
+            *on_sim, attn_mask=None if mask is None else mask.to("sim"), is_causal=causal)
+        out.sum().backward()
+    ran = {e.key for e in prof.key_averages()}
+    assert "aten::_scaled_dot_product_flash_attention_for_cpu" in ran
+    assert "aten::_scaled_dot_product_attention_math" not in ran
+    assert torch.equal(out.cpu(), expected)
+    for mine, theirs in zip(on_sim, (q, k, v)):
+        assert torch.equal(mine.grad.cpu(), theirs.grad)
+
+
+def test_attention_keeps_the_programs_choice_of_kernel(sim):
+    """``sdpa_kernel`` is obeyed as on the CPU: math alone runs the math composite, no kernel at
+    all is refused."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    q = torch.randn(2, 3, 8, 16, device="sim")
+    with sdpa_kernel(SDPBackend.MATH), torch.profiler.profile() as prof:
+        torch.nn.functional.scaled_dot_product_attention(q, q, q)
+    assert "aten::_scaled_dot_product_attention_math" in {e.key for e in prof.key_averages()}
+    with sdpa_kernel([]), pytest.raises(RuntimeError, match="No viable backend"):
+        torch.nn.functional.scaled_dot_product_attention(q, q, q)

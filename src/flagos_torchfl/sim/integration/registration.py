@@ -119,10 +119,16 @@ def _built_at_first_call(name: str):
     return run
 
 
+#: operators torch tags random that draw no number: the attention's choice of kernel, and the
+#: host's flash attention, whose kernel refuses a dropout
+DRAWS_NOTHING = frozenset({"aten::_fused_sdp_choice", "aten::_scaled_dot_product_flash_attention_for_cpu"})
+
+
 def cpp_route(names: Iterable[str]) -> frozenset[str]:
     """The overloads of ``names`` that the C++ runtime's C++ kernel serves: all but the
     runtime's Python primitives, the ``*_overrideable`` stubs (which run another operator) and
-    random operators (which draw from the device's generator, a Python object)."""
+    random operators (which draw from the device's generator, a Python object), but for those
+    tagged random that draw nothing (``DRAWS_NOTHING``)."""
     chosen = set()
     for name in names:
         if name in kernels.SPECIAL_KERNELS:
@@ -131,7 +137,7 @@ def cpp_route(names: Iterable[str]) -> frozenset[str]:
             continue
         if name in kernels.HOST_EQUIVALENTS:
             continue
-        if name in tagged("nondeterministic_seeded") or name in with_generator():
+        if (name in tagged("nondeterministic_seeded") or name in with_generator()) and name not in DRAWS_NOTHING:
             continue
         chosen.add(name)
     return frozenset(chosen)
@@ -283,8 +289,9 @@ def _ask_attention_choice(library: torch.library.Library) -> None:
     disabled both backends the host's kernels have (math and flash: ``sdpa_kernel([])``):
     PyTorch's composite skips the choice on a PrivateUse1 device without a C++ choice of its own
     and ran math even then, where a device raises "No viable backend". Otherwise the attention
-    stays PyTorch's composite, math (the flags are read, no operator is called, so tracing sees
-    the composite alone)."""
+    stays PyTorch's composite (the flags are read, no operator is called, so tracing sees the
+    composite alone): math, or the host's flash kernel where the C++ runtime registered the
+    device's choice (:data:`~..runtime.cpp.FUSED_ATTENTION`)."""
     op = torch.ops.aten.scaled_dot_product_attention.default
 
     def scaled_dot_product_attention(*args, **kwargs):

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Optional
 
 SOURCE = Path(__file__).with_name("runtime.cpp")
-ABI = 4
+ABI = 5
 """The interface version of ``runtime.cpp`` this loader speaks (``fl_sim_abi()``)."""
 
 BUILD_TIMEOUT = 300.0
@@ -75,6 +75,7 @@ class CppRuntime:
                                                  ctypes.c_uint64, ctypes.c_int]
         library.fl_sim_report_memory.restype = None
         library.fl_sim_register_kernels.argtypes = [ctypes.c_char_p]
+        library.fl_sim_set_fused_attention.argtypes = [ctypes.c_int]
         library.fl_sim_owns_block.argtypes = [ctypes.c_void_p]
         library.fl_sim_resize_storage.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int]
         self._py = ctypes.PyDLL(str(path))  # the entry points that take Python objects, GIL held
@@ -112,10 +113,13 @@ class CppRuntime:
 
     def register_kernels(self, names) -> int:
         """Register the C++ route's C++ kernel on PrivateUse1 for each overload in ``names``
-        (fully qualified); returns how many."""
+        (fully qualified); returns how many. Where ``names`` hold the host's fused attention
+        (``FUSED_ATTENTION``), ``scaled_dot_product_attention`` chooses its kernel as the CPU
+        does and runs the chosen one natively; else it runs its math composite."""
         count = self._lib.fl_sim_register_kernels("\n".join(sorted(names)).encode())
         if count < 0:
             raise CppUnavailable(self._lib.fl_sim_error().decode(errors="replace"))
+        self._lib.fl_sim_set_fused_attention(int(FUSED_ATTENTION <= frozenset(names)))
         return count
 
     def set_observer(self, observer) -> None:
@@ -158,6 +162,11 @@ class CppRuntime:
     def is_pinned(self, address: int) -> bool:
         """Whether ``address`` lies inside a block of the pinned host allocator."""
         return bool(self._lib.fl_sim_is_pinned(address))
+
+
+#: the operators of the host's fused attention: its choice, the flash kernel and its backward
+FUSED_ATTENTION = frozenset({"aten::_fused_sdp_choice", "aten::_scaled_dot_product_flash_attention_for_cpu",
+                             "aten::_scaled_dot_product_flash_attention_for_cpu_backward"})
 
 
 def torch_oom(message: str) -> Exception:

@@ -18,7 +18,9 @@
 //  * the device's memory (a c10::DeviceAllocator whose blocks come from the sim's caching
 //    allocator in Python, the one place its policy and statistics live) and pinned host memory
 //    (an at::HostAllocator: torch.accelerator.empty_host_cache);
-//  * the boxed kernel of the sim's native operators (below: "The C++ route").
+//  * the boxed kernel of the sim's native operators (below: "The C++ route");
+//  * the choice of scaled_dot_product_attention's fused kernel, where the native set has the
+//    host's (fl_sim_set_fused_attention).
 #include <Python.h>
 
 #include <ATen/ATen.h>
@@ -26,6 +28,10 @@
 #include <ATen/core/CachingHostAllocator.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/detail/PrivateUse1HooksInterface.h>
+#include <ATen/native/transformers/attention.h>
+#include <ATen/ops/_reshape_alias_native.h>
+#include <ATen/ops/as_strided_native.h>
+#include <ATen/ops/view_native.h>
 #include <c10/core/CPUAllocator.h>
 #include <c10/core/CachingDeviceAllocator.h>
 #include <torch/library.h>
@@ -1073,7 +1079,7 @@ std::string g_error;
 extern "C" {
 
 // The interface version the Python loader checks before it calls anything else.
-int fl_sim_abi() { return 4; }
+int fl_sim_abi() { return 5; }
 
 // Register the guard, the hooks and the profiler stubs for `devices` devices. Returns 0, or 1 when
 // PrivateUse1 already has hooks or a guard of another's (fl_sim_error says which), 2 on an error.
@@ -1245,6 +1251,22 @@ int fl_sim_install_memory() {
   }
 }
 
+// scaled_dot_product_attention asks a device's own choice of fused kernel through a dispatch stub
+// (math when the device registers none). With `on`, the sim's choice is the host's: the
+// _fused_sdp_choice operator, which the native set then runs as the CPU does, and a choice of
+// flash runs _scaled_dot_product_flash_attention_for_cpu (and its backward) natively. Without it
+// the stub is cleared and the attention runs the math composite, as before.
+static int64_t sim_fused_sdp_choice(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
+                                    const std::optional<at::Tensor>& attn_mask, double dropout_p, bool is_causal,
+                                    std::optional<double> scale, bool enable_gqa) {
+  return at::_fused_sdp_choice(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa);
+}
+
+int fl_sim_set_fused_attention(int on) {
+  at::native::_fused_sdp_choice_stub.set_privateuse1_dispatch_ptr(on ? &sim_fused_sdp_choice : nullptr);
+  return 0;
+}
+
 // Register the C++ route's kernel for each overload in `names` (one a line, "aten::add.Tensor",
 // "aten::relu"). Returns how many, or -1 (fl_sim_error says why).
 int fl_sim_register_kernels(const char* names) {
@@ -1275,6 +1297,12 @@ int fl_sim_register_kernels(const char* names) {
         g_library->impl(bare.c_str(), TORCH_FN(sim_copy_));
       } else if (full == "aten::_copy_from") {
         g_library->impl(bare.c_str(), TORCH_FN(sim_copy_from));
+      } else if (full == "aten::view") {  // views: a new tensor on the same storage, as CUDA's
+        g_library->impl(bare.c_str(), TORCH_FN(at::native::view));
+      } else if (full == "aten::as_strided") {
+        g_library->impl(bare.c_str(), TORCH_FN(at::native::as_strided_tensorimpl));
+      } else if (full == "aten::_reshape_alias") {
+        g_library->impl(bare.c_str(), TORCH_FN(at::native::_reshape_alias));
       } else {
         auto op = c10::Dispatcher::singleton().findSchemaOrThrow(("aten::" + packet).c_str(), overload.c_str());
         g_library->impl(bare.c_str(), torch::CppFunction::makeFromBoxedFunctor(
