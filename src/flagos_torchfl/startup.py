@@ -19,8 +19,6 @@ Importing this module activates nothing.
 from __future__ import annotations
 
 import atexit
-import contextlib
-import gc
 import importlib.util
 import os
 import sys
@@ -65,41 +63,14 @@ def prepare_environment(
 def activate():
     """Select and activate the backend the ``FL_*`` environment asks for (automatic when none
     is named) and, under ``--report``, arrange the routing report at exit. Returns the
-    Selection; raises what :func:`flagos_torchfl.auto_select_backend` raises. Activation runs
-    with the cyclic garbage collector paused (:func:`collector_paused`)."""
+    Selection; raises what :func:`flagos_torchfl.auto_select_backend` raises."""
     from .api import activate_for_launcher
 
-    with collector_paused():
-        selection = activate_for_launcher()
+    selection = activate_for_launcher()
     if variables.read("FL_RUN_REPORT"):
         atexit.register(print_report)
     log.debug("process %d activated: %s (%s)", os.getpid(), selection.backend, selection.reason)
     return selection
-
-
-@contextlib.contextmanager
-def collector_paused():
-    """Run the block with Python's automatic cyclic garbage collection off, and turn it on again
-    afterwards, when it was on before (a program that turned it off keeps it off).
-
-    Activation creates ten thousand and more long-lived objects (modules, registrations,
-    tables) in a tenth of a second. Counted by the collector as they are made, they would bring
-    forward the full collection that ``import torch`` leaves due (one pass over the ~170,000
-    objects a process then holds: about 0.1 s), which a program meets only once it has made as
-    many objects of its own. Paused, the block's objects wait in the youngest generation: the
-    collection at the program's next allocations examines them (garbage among them is freed
-    there) and the full collections come where they would without activation, each counting
-    the activation's objects too. Nothing is frozen or left out of later collections, and an
-    explicit ``gc.collect()`` works as ever; other threads' cyclic garbage waits for the end of
-    the block."""
-    if not gc.isenabled():
-        yield
-        return
-    gc.disable()
-    try:
-        yield
-    finally:
-        gc.enable()
 
 
 def failure_message(exc: BaseException) -> str:
