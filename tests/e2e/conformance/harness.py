@@ -56,8 +56,9 @@ def float32_opinfos() -> list:
 #: OpInfos with samples that fail for a reason that is not a routing defect.
 KNOWN_FAILURES: Dict[str, str] = {
     "nn.functional.scaled_dot_product_attention": (
-        "the sim runs the composite (math) attention; the CPU reference runs its fused flash "
-        "kernel: a few float32 gradient elements differ by up to ~3e-5, above assert_close's 1e-5"),
+        "samples without dropout that the CPU computes with its fused flash kernel: the sim "
+        "(Core set) runs the math attention, and PyTorch's own math and flash kernels differ by "
+        "up to ~8e-5 in float32 gradients, above assert_close's 1e-5"),
     **{name: ("samples that normalise a single element: x - mean is rounding noise scaled by "
               "1/sqrt(eps) = 316; without a native_layer_norm kernel (small set) PyTorch's own "
               "composite (batch-norm based, what every backend lacking one runs) rounds "

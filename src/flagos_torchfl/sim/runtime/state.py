@@ -52,8 +52,12 @@ STATE_BYTES = 16
 
 
 def _mix(seed: int, offset: int) -> int:
-    """The host engine's seed for draws at ``(seed, offset)`` (splitmix64 of both): equal pairs
-    give equal streams, different offsets unrelated ones."""
+    """The host engine's seed for draws at ``(seed, offset)``: the seed itself at offset 0 (so the
+    first random operator after ``manual_seed(s)`` draws what the CPU's kernel draws after
+    ``torch.manual_seed(s)``), else splitmix64 of both. Equal pairs give equal streams,
+    different offsets unrelated ones."""
+    if offset == 0:
+        return seed
     x = (seed * 0x9E3779B97F4A7C15 + offset) & _MASK64
     x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
     x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
