@@ -21,8 +21,9 @@ import pytest
 
 from flagos_torchfl import compat
 from flagos_torchfl.redirect.patches import REGISTRY
-from tests.e2e.test_distributed_clients import (CLIENTS, NEEDS, _port, _run, _torchrun, assert_trained_like,
-                                                 client_marks, records, runnable)
+from tests.e2e.test_distributed_clients import (CLIENTS, NEEDS, _run, _torchrun, assert_trained_like, client_marks,
+                                                 records, runnable)
+from tests.helpers import free_port
 
 ORDER = str(CLIENTS / "import_order.py")
 #: what clients/import_order.py imports and checks (DCP's state_dict, device meshes, FSDP2)
@@ -65,7 +66,7 @@ def runs(tmp_path_factory):
                 chains.setdefault((order, backend), (folder, []))[1].append((client, args))
     for (order, backend), (folder, chained) in chains.items():
         argv = _torchrun(ORDER, order, *[word for i, (_, args) in enumerate(chained)
-                                          for word in (["--next", str(_port())] if i else []) + args])
+                                          for word in (["--next", str(free_port())] if i else []) + args])
         job = (lambda argv=argv, backend=backend: _run(argv, env={"FL_BACKEND": backend}), folder)
         for client, _ in chained:
             jobs[(client, order, backend)] = job
