@@ -10,6 +10,10 @@ not become the children's floor.
 
 - (a) ``python -c "import torch"`` against ``python -c "import torch, flagos_torchfl as ft;
   ft.auto_select_backend()"``, with ``FL_BACKEND=cpu`` and with ``FL_BACKEND=sim``;
+- (a+) the same, each side then making the program's first 20,000 objects. ``import torch`` ends
+  with a full collection of the cyclic garbage collector due (it runs at the next few hundred
+  new objects, about 60–100 ms here): in (a) an activation that makes enough objects pays it,
+  plain torch exits first; in (a+) both sides pay it once, as every program does;
 - (b) ``python empty.py`` (a script holding ``import torch``) against
   ``python -m flagos_torchfl run empty.py`` (automatic selection: the cpu backend here);
 - (c) a script iterating a DataLoader with 2 spawned workers (each worker a fresh interpreter
@@ -21,7 +25,7 @@ it: with ``PYTHONDONTWRITEBYTECODE=1`` the sources would otherwise be compiled o
 the checkout's ``src`` first to measure that tree). The machine's load average is printed
 before and after.
 
-    python benchmarks/startup.py [--pairs 9] [--only a,b,c]
+    python benchmarks/startup.py [--pairs 9] [--only a,a+,b,c]
 """
 from __future__ import annotations
 
@@ -49,6 +53,8 @@ LOADER = textwrap.dedent('''\
         assert sum(batch[0].shape[0] for batch in loader) == 32
 ''')
 ACTIVATE = "import torch, flagos_torchfl as ft; ft.auto_select_backend()"
+#: the first lines of a program: 20,000 new objects the collector tracks
+BEGUN = "; objects = [[] for _ in range(20000)]"
 RUN = [sys.executable, "-m", "flagos_torchfl", "run"]
 
 
@@ -61,6 +67,10 @@ def cases(folder: Path) -> dict:
     return {
         "a-cpu": ("import torch vs + activation, cpu", plain, [sys.executable, "-c", ACTIVATE], {"FL_BACKEND": "cpu"}),
         "a-sim": ("import torch vs + activation, sim", plain, [sys.executable, "-c", ACTIVATE], {"FL_BACKEND": "sim"}),
+        "a+-cpu": ("the same, then 20,000 objects, cpu", [*plain[:2], plain[2] + BEGUN],
+                   [sys.executable, "-c", ACTIVATE + BEGUN], {"FL_BACKEND": "cpu"}),
+        "a+-sim": ("the same, then 20,000 objects, sim", [*plain[:2], plain[2] + BEGUN],
+                   [sys.executable, "-c", ACTIVATE + BEGUN], {"FL_BACKEND": "sim"}),
         "b": ("python empty.py vs run empty.py", [sys.executable, str(empty)], [*RUN, str(empty)], {}),
         "c": ("DataLoader, 2 spawned workers, vs run", [sys.executable, str(loader)], [*RUN, str(loader)], {}),
     }
@@ -106,7 +116,7 @@ def environment() -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--pairs", type=int, default=9)
-    parser.add_argument("--only", default="a,b,c", help="comma-separated: a, b, c (a = a-cpu and a-sim)")
+    parser.add_argument("--only", default="a,a+,b,c", help="comma-separated: a, a+, b, c (a = a-cpu and a-sim)")
     args = parser.parse_args()
     spec = importlib.util.find_spec("flagos_torchfl")  # found, not imported (nor is torch)
     package = os.path.dirname(spec.origin)
