@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import flagos_torchfl.sim as fsim
+from flagos_torchfl.sim.runtime import tensors
 from tests.sim.operators.route_cases import *  # noqa: F401,F403  (the shared cases run on this runtime)
 from tests.sim.operators.route_cases import installed_sim
 
@@ -114,3 +115,33 @@ def test_attention_keeps_the_programs_choice_of_kernel(sim):
     assert "aten::_scaled_dot_product_attention_math" in {e.key for e in prof.key_averages()}
     with sdpa_kernel([]), pytest.raises(RuntimeError, match="No viable backend"):
         torch.nn.functional.scaled_dot_product_attention(q, q, q)
+
+
+def test_a_python_number_is_cast_in_host_memory_not_device_memory(sim):
+    """TensorIterator casts a Python number to the operands' dtype in a temporary: the CPU kernel
+    makes it in host memory (one device allocation of 4-6 µs each before, per ``x.add_(1)``)."""
+    x = torch.ones(8, 8, device="sim")
+    before = sim.memory_stats(0)["allocation.all.allocated"]
+    x.add_(1)
+    x.mul_(0.5)
+    assert sim.memory_stats(0)["allocation.all.allocated"] == before
+    assert torch.equal(x.cpu(), torch.ones(8, 8))
+
+
+@pytest.mark.parametrize("make", [
+    lambda x: x.sum(),
+    lambda x: x[:2] * 3,
+    lambda x: torch.sum(x, 0, out=torch.empty(0, device=x.device)),
+    lambda x: x.reshape(2, 4).sum(0, keepdim=True)[:, 1:3].clone(),
+], ids=["reduction", "two-elements", "out-grown", "clone-of-a-view"])
+def test_a_small_result_is_device_memory_of_its_own(sim, make):
+    """A result of at most 16 bytes, which the CPU kernel makes in host memory, is copied to a
+    block of the device: counted in its memory, freed back to it."""
+    x = torch.arange(8.0, device="sim")
+    before = sim.memory_allocated(0)
+    result = make(x)
+    assert result.device.type == "sim" and tensors.owns_block(result.untyped_storage())
+    assert sim.memory_allocated(0) == before + 512
+    assert torch.equal(result.cpu(), make(torch.arange(8.0)))
+    del result
+    assert sim.memory_allocated(0) == before

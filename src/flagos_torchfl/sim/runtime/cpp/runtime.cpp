@@ -562,13 +562,19 @@ struct SimAllocator final : public c10::DeviceAllocator {
   }
 };
 
+// Allocations a CPU kernel makes of at most this many bytes (one element of the widest dtype)
+// are host memory: mostly temporaries, such as a Python number cast to the operands' dtype by
+// TensorIterator; an output among them is copied to the device (Call::tensor_to_sim, adopt).
+constexpr size_t kHostBytes = 16;
+
 // The CPU allocator while a sim kernel runs its CPU kernel: what the CPU kernel allocates on the
 // calling thread (its outputs) is sim memory of the kernel's device, so an output becomes a sim
-// tensor without a copy. Everywhere else it is the CPU allocator it replaced.
+// tensor without a copy; an allocation of at most kHostBytes is host memory. Everywhere else it
+// is the CPU allocator it replaced.
 struct CpuAllocator final : public c10::Allocator {
   c10::Allocator* host = nullptr;
   c10::DataPtr allocate(size_t nbytes) override {
-    if (t_alloc_device < 0) return host->allocate(nbytes);
+    if (t_alloc_device < 0 || nbytes <= kHostBytes) return host->allocate(nbytes);
     return sim_block(t_alloc_device, nbytes, c10::Device(c10::DeviceType::CPU));
   }
   c10::DeleterFnPtr raw_deleter() const override { return &sim_delete; }
@@ -756,11 +762,18 @@ struct Call {
       if (s == sim_storage) mine = h;
     if (mine.unsafeGetStorageImpl() == host_storage) {
       if (host_storage->data() != sim_storage->data() || host_storage->nbytes() != sim_storage->nbytes()) {
-        // the CPU kernel grew the output: its new memory is sim memory (g_cpu_allocator)
+        // the CPU kernel grew the output: its new memory is sim memory (g_cpu_allocator), or
+        // host memory up to kHostBytes, copied to the device
         c10::DataPtr grown = host_storage->set_data_ptr(c10::DataPtr(nullptr, c10::Device(c10::DeviceType::CPU)));
+        const size_t nbytes = host_storage->nbytes();
+        if (grown.get_deleter() != &sim_delete) {
+          c10::DataPtr data = sim_block(sim.device().index(), nbytes, sim.device());
+          if (nbytes) std::memcpy(data.get(), grown.get(), nbytes);
+          grown = std::move(data);
+        }
         grown.unsafe_set_device(sim.device());
         sim_storage->set_data_ptr_noswap(std::move(grown));
-        sim_storage->set_nbytes(host_storage->nbytes());
+        sim_storage->set_nbytes(nbytes);
       }
     } else {  // the kernel pointed the output elsewhere: copy what it holds
       at::Tensor source = host;
