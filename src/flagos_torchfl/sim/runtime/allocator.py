@@ -126,6 +126,34 @@ class _Stat:
         self.freed += amount
 
 
+class _BlockStats:
+    """The three statistics a live block counts in one group (``all`` or its size pool): the
+    allocations, their rounded bytes and their requested bytes, changed together."""
+
+    __slots__ = ("allocation", "allocated_bytes", "requested_bytes")
+
+    def __init__(self, stats: dict, group: str):
+        self.allocation = stats["allocation"][group]
+        self.allocated_bytes = stats["allocated_bytes"][group]
+        self.requested_bytes = stats["requested_bytes"][group]
+
+    def add(self, size: int, requested: int) -> None:
+        """A block of ``size`` bytes, ``requested`` of them asked for, is handed out."""
+        for stat, amount in ((self.allocation, 1), (self.allocated_bytes, size),
+                             (self.requested_bytes, requested)):
+            stat.current += amount
+            stat.allocated += amount
+            if stat.current > stat.peak:
+                stat.peak = stat.current
+
+    def remove(self, size: int, requested: int) -> None:
+        """Such a block is given back."""
+        for stat, amount in ((self.allocation, 1), (self.allocated_bytes, size),
+                             (self.requested_bytes, requested)):
+            stat.current -= amount
+            stat.freed += amount
+
+
 class CachingAllocator:
     """Caching allocator of one sim device (see the module docstring for the policy)."""
 
@@ -147,6 +175,9 @@ class CachingAllocator:
         self._stats = {name: {group: _Stat() for group in _STAT_GROUPS} for name in
                        ("allocation", "segment", "allocated_bytes", "reserved_bytes",
                         "requested_bytes")}
+        #: per size pool, the groups a block of it counts in: all, and the pool
+        self._block_stats = {pool: (_BlockStats(self._stats, "all"), _BlockStats(self._stats, pool))
+                             for pool in _POOLS}
         self.num_alloc_retries = 0
         self.num_ooms = 0
 
@@ -206,10 +237,8 @@ class CachingAllocator:
                 block.free = False
                 block.requested = nbytes
                 block.segment.blocks += 1
-                for group in ("all", pool):
-                    self._stats["allocation"][group].increase(1)
-                    self._stats["allocated_bytes"][group].increase(block.size)
-                    self._stats["requested_bytes"][group].increase(nbytes)
+                for stats in self._block_stats[pool]:
+                    stats.add(block.size, nbytes)
                 return block
             finally:
                 self._leave()
@@ -378,11 +407,8 @@ class CachingAllocator:
         if block.free:
             device = self._device_name(self.device_index)
             raise RuntimeError(f"double free of {block!r} on {device}")
-        pool = block.segment.pool
-        for group in ("all", pool):
-            self._stats["allocation"][group].decrease(1)
-            self._stats["allocated_bytes"][group].decrease(block.size)
-            self._stats["requested_bytes"][group].decrease(block.requested)
+        for stats in self._block_stats[block.segment.pool]:
+            stats.remove(block.size, block.requested)
         block.segment.blocks -= 1
         block.free = True
         block.requested = 0

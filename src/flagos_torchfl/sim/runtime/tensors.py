@@ -69,23 +69,27 @@ def report_memory(ptr: int, delta: int, alloc: CachingAllocator) -> None:
         cpp_runtime.report_memory(ptr, delta, alloc.allocated, alloc.reserved, alloc.device_index)
 
 
-def cpp_allocate(index: int, nbytes: int) -> tuple:
+def cpp_allocate(index: int, nbytes: int, profiling: bool) -> tuple:
     """The C++ runtime's allocation: ``(address, block)`` of a new block of ``nbytes`` bytes
-    on device ``index`` (``(0, None)`` for 0 bytes); the devices' first use."""
+    on device ``index`` (``(0, None)`` for 0 bytes); the devices' first use. ``profiling``: a
+    profiler that records memory runs on the calling thread (it is told)."""
     state.begin_use()
     alloc = state.allocator(index)
     block = alloc.allocate(nbytes)
     if block is None:
         return 0, None
-    report_memory(block.ptr, block.size, alloc)
+    if profiling:
+        report_memory(block.ptr, block.size, alloc)
     return block.ptr, block
 
 
-def cpp_free(index: int, block: Block) -> None:
-    """The C++ runtime's release of ``block`` (from :func:`cpp_allocate`)."""
+def cpp_free(index: int, block: Block, profiling: bool) -> None:
+    """The C++ runtime's release of ``block`` (from :func:`cpp_allocate`); ``profiling`` as
+    there."""
     alloc = state.allocator(index)
     alloc.free(block)
-    report_memory(block.ptr, -block.size, alloc)
+    if profiling:
+        report_memory(block.ptr, -block.size, alloc)
 
 
 def cpp_service(what: str, index: int) -> object:

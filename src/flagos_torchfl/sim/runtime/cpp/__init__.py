@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Optional
 
 SOURCE = Path(__file__).with_name("runtime.cpp")
-ABI = 5
+ABI = 6
 """The interface version of ``runtime.cpp`` this loader speaks (``fl_sim_abi()``)."""
 
 BUILD_TIMEOUT = 300.0
@@ -101,9 +101,10 @@ class CppRuntime:
             raise CppUnavailable(self._lib.fl_sim_error().decode(errors="replace"))
 
     def install_memory(self, allocate, free, service) -> None:
-        """Make the sim allocator the device's memory in C++: ``allocate(index, nbytes)`` answers
-        ``(address, block)`` (``(0, None)`` for no block), ``free(index, block)`` gives a block
-        back, ``service(what, index)`` answers ``"stats"`` (a ``memory_stats`` dict),
+        """Make the sim allocator the device's memory in C++: ``allocate(index, nbytes,
+        profiling)`` answers ``(address, block)`` (``(0, None)`` for no block), ``free(index,
+        block, profiling)`` gives a block back (``profiling``: a profiler that records memory runs
+        on the calling thread, to be told of the change), ``service(what, index)`` answers ``"stats"`` (a ``memory_stats`` dict),
         ``"empty_cache"``, ``"reset_peak"`` and ``"reset_accumulated"`` (index -1: every
         device). Registers the PrivateUse1 allocator, the pinned host allocator, and the CPU
         allocator through which native kernels' outputs are allocated as sim memory."""

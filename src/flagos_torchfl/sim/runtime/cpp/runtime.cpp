@@ -364,9 +364,11 @@ void register_ddp_timer() {}
 
 // ---- Device memory ---------------------------------------------------------------------------
 // Blocks come from the sim's caching allocator (Python: its policy, limits, statistics and the
-// profiler's memory reports live there, whichever runtime runs). g_py_alloc(index, nbytes)
-// answers (address, block); g_py_free(index, block) gives a block back; g_py_service(what,
-// index) answers the rarer questions (statistics, emptying the cache).
+// profiler's memory reports live there, whichever runtime runs). g_py_alloc(index, nbytes,
+// profiling) answers (address, block); g_py_free(index, block, profiling) gives a block back;
+// `profiling`: a profiler that records memory runs on the thread (c10::memoryProfilingEnabled),
+// so the change is reported to it. g_py_service(what, index) answers the rarer questions
+// (statistics, emptying the cache).
 PyObject* g_py_alloc = nullptr;
 PyObject* g_py_free = nullptr;
 PyObject* g_py_service = nullptr;
@@ -445,7 +447,8 @@ void sim_delete(void* ptr) {
     PyGILState_STATE gil = PyGILState_Ensure();
     PyObject *type, *value, *trace;  // a tensor may die while an exception is being raised
     PyErr_Fetch(&type, &value, &trace);
-    PyObject* done = PyObject_CallFunction(g_py_free, "iO", c.device, c.block);
+    PyObject* done = PyObject_CallFunction(g_py_free, "iOO", c.device, c.block,
+                                           c10::memoryProfilingEnabled() ? Py_True : Py_False);
     if (done == nullptr) PyErr_WriteUnraisable(g_py_free);
     Py_XDECREF(done);
     Py_DECREF(c.block);
@@ -471,7 +474,8 @@ c10::DataPtr sim_block(int device, size_t nbytes, c10::Device on) {
   PyGILState_STATE gil = PyGILState_Ensure();
   PyObject *type, *value, *trace;
   PyErr_Fetch(&type, &value, &trace);
-  PyObject* answer = PyObject_CallFunction(g_py_alloc, "in", device, static_cast<Py_ssize_t>(nbytes));
+  PyObject* answer = PyObject_CallFunction(g_py_alloc, "inO", device, static_cast<Py_ssize_t>(nbytes),
+                                           c10::memoryProfilingEnabled() ? Py_True : Py_False);
   if (answer == nullptr) {
     std::string message = python_error();
     PyErr_Restore(type, value, trace);
@@ -1092,7 +1096,7 @@ std::string g_error;
 extern "C" {
 
 // The interface version the Python loader checks before it calls anything else.
-int fl_sim_abi() { return 5; }
+int fl_sim_abi() { return 6; }
 
 // Register the guard, the hooks and the profiler stubs for `devices` devices. Returns 0, or 1 when
 // PrivateUse1 already has hooks or a guard of another's (fl_sim_error says which), 2 on an error.
