@@ -812,12 +812,19 @@ struct Call {
   }
 };
 
-void observe(const std::string& op, int64_t ns) {
+// Tell the observer that `op` (its name as a Python string in `name`, made at the first call)
+// took `ns` nanoseconds.
+void observe(const std::string& op, PyObject*& name, int64_t ns) {
   AllocateOn host(-1);
   PyGILState_STATE gil = PyGILState_Ensure();
   if (g_py_observer != nullptr) {
-    PyObject* done = PyObject_CallFunction(g_py_observer, "sL", op.c_str(), static_cast<long long>(ns));
+    if (name == nullptr) name = PyUnicode_InternFromString(op.c_str());
+    PyObject* took = PyLong_FromLongLong(static_cast<long long>(ns));
+    PyObject* done = name == nullptr || took == nullptr
+                         ? nullptr
+                         : PyObject_CallFunctionObjArgs(g_py_observer, name, took, nullptr);
     if (done == nullptr) PyErr_WriteUnraisable(g_py_observer);
+    Py_XDECREF(took);
     Py_XDECREF(done);
   }
   PyGILState_Release(gil);
@@ -825,6 +832,7 @@ void observe(const std::string& op, int64_t ns) {
 
 struct SimKernel final : public c10::OperatorKernel {
   Signature sig;
+  PyObject* name = nullptr;  // sig.name for the observer (kept while the kernel lives)
   explicit SimKernel(Signature s) : sig(std::move(s)) {}
 
   void operator()(const c10::OperatorHandle& op, c10::DispatchKeySet /*keys*/, torch::jit::Stack* stack) {
@@ -832,7 +840,7 @@ struct SimKernel final : public c10::OperatorKernel {
     const bool timed = g_observe.load();
     const int64_t start = timed ? now_ns() : 0;
     run(op, stack);
-    if (timed) observe(sig.name, now_ns() - start);
+    if (timed) observe(sig.name, name, now_ns() - start);
   }
 
   void run(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
