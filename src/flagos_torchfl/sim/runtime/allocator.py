@@ -119,7 +119,8 @@ class _Stat:
     def increase(self, amount: int) -> None:
         self.current += amount
         self.allocated += amount
-        self.peak = max(self.peak, self.current)
+        if self.current > self.peak:
+            self.peak = self.current
 
     def decrease(self, amount: int) -> None:
         self.current -= amount
@@ -139,19 +140,15 @@ class _BlockStats:
 
     def add(self, size: int, requested: int) -> None:
         """A block of ``size`` bytes, ``requested`` of them asked for, is handed out."""
-        for stat, amount in ((self.allocation, 1), (self.allocated_bytes, size),
-                             (self.requested_bytes, requested)):
-            stat.current += amount
-            stat.allocated += amount
-            if stat.current > stat.peak:
-                stat.peak = stat.current
+        self.allocation.increase(1)
+        self.allocated_bytes.increase(size)
+        self.requested_bytes.increase(requested)
 
     def remove(self, size: int, requested: int) -> None:
         """Such a block is given back."""
-        for stat, amount in ((self.allocation, 1), (self.allocated_bytes, size),
-                             (self.requested_bytes, requested)):
-            stat.current -= amount
-            stat.freed += amount
+        self.allocation.decrease(1)
+        self.allocated_bytes.decrease(size)
+        self.requested_bytes.decrease(requested)
 
 
 class CachingAllocator:
