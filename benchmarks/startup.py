@@ -64,13 +64,14 @@ def cases(folder: Path) -> dict:
     empty.write_text(EMPTY)
     loader.write_text(LOADER)
     plain = [sys.executable, "-c", "import torch"]
+    begun = [sys.executable, "-c", "import torch" + BEGUN]
     return {
         "a-cpu": ("import torch vs + activation, cpu", plain, [sys.executable, "-c", ACTIVATE], {"FL_BACKEND": "cpu"}),
         "a-sim": ("import torch vs + activation, sim", plain, [sys.executable, "-c", ACTIVATE], {"FL_BACKEND": "sim"}),
-        "a+-cpu": ("the same, then 20,000 objects, cpu", [*plain[:2], plain[2] + BEGUN],
-                   [sys.executable, "-c", ACTIVATE + BEGUN], {"FL_BACKEND": "cpu"}),
-        "a+-sim": ("the same, then 20,000 objects, sim", [*plain[:2], plain[2] + BEGUN],
-                   [sys.executable, "-c", ACTIVATE + BEGUN], {"FL_BACKEND": "sim"}),
+        "a+-cpu": ("the same, then 20,000 objects, cpu", begun, [sys.executable, "-c", ACTIVATE + BEGUN],
+                   {"FL_BACKEND": "cpu"}),
+        "a+-sim": ("the same, then 20,000 objects, sim", begun, [sys.executable, "-c", ACTIVATE + BEGUN],
+                   {"FL_BACKEND": "sim"}),
         "b": ("python empty.py vs run empty.py", [sys.executable, str(empty)], [*RUN, str(empty)], {}),
         "c": ("DataLoader, 2 spawned workers, vs run", [sys.executable, str(loader)], [*RUN, str(loader)], {}),
     }

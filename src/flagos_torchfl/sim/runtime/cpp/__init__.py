@@ -104,9 +104,9 @@ class CppRuntime:
         """Make the sim allocator the device's memory in C++: ``allocate(index, nbytes,
         profiling)`` answers ``(address, block)`` (``(0, None)`` for no block), ``free(index,
         block, profiling)`` gives a block back (``profiling``: a profiler that records memory runs
-        on the calling thread, to be told of the change), ``service(what, index)`` answers ``"stats"`` (a ``memory_stats`` dict),
-        ``"empty_cache"``, ``"reset_peak"`` and ``"reset_accumulated"`` (index -1: every
-        device). Registers the PrivateUse1 allocator, the pinned host allocator, and the CPU
+        on the calling thread, to be told of the change), ``service(what, index)`` answers
+        ``"stats"`` (a ``memory_stats`` dict), ``"empty_cache"``, ``"reset_peak"`` and
+        ``"reset_accumulated"`` (index -1: every device). Registers the PrivateUse1 allocator, the pinned host allocator, and the CPU
         allocator through which native kernels' outputs are allocated as sim memory."""
         self._py.fl_sim_set_python(allocate, free, service)
         if self._lib.fl_sim_install_memory() != 0:

@@ -498,6 +498,13 @@ c10::DataPtr sim_block(int device, size_t nbytes, c10::Device on) {
   return {ptr, ptr, &sim_delete, on};
 }
 
+// A new block as sim_block makes one, holding the `keep` bytes at `from` first.
+c10::DataPtr sim_block_holding(int device, size_t nbytes, c10::Device on, const void* from, size_t keep) {
+  c10::DataPtr data = sim_block(device, nbytes, on);
+  if (keep) std::memcpy(data.get(), from, keep);
+  return data;
+}
+
 PyObject* service(const char* what, int device) {
   PyObject* answer = PyObject_CallFunction(g_py_service, "si", what, device);
   if (answer == nullptr) raise_python_error();
@@ -748,8 +755,7 @@ struct Call {
       sim = v.storage();
     } else {  // host memory (a kernel's own): copied to the device
       const size_t nbytes = key->nbytes();
-      c10::DataPtr data = sim_block(device, nbytes, on);
-      if (nbytes) std::memcpy(data.get(), key->data(), nbytes);
+      c10::DataPtr data = sim_block_holding(device, nbytes, on, key->data(), nbytes);
       sim = c10::Storage(c10::make_intrusive<c10::StorageImpl>(
           c10::StorageImpl::use_byte_size_t(), nbytes, std::move(data), &g_sim_allocator, false));
     }
@@ -771,9 +777,7 @@ struct Call {
         c10::DataPtr grown = host_storage->set_data_ptr(c10::DataPtr(nullptr, c10::Device(c10::DeviceType::CPU)));
         const size_t nbytes = host_storage->nbytes();
         if (grown.get_deleter() != &sim_delete) {
-          c10::DataPtr data = sim_block(sim.device().index(), nbytes, sim.device());
-          if (nbytes) std::memcpy(data.get(), grown.get(), nbytes);
-          grown = std::move(data);
+          grown = sim_block_holding(sim.device().index(), nbytes, sim.device(), grown.get(), nbytes);
         }
         grown.unsafe_set_device(sim.device());
         sim_storage->set_data_ptr_noswap(std::move(grown));
@@ -785,9 +789,8 @@ struct Call {
                                                             host.dtype().itemsize(),
                                                             sim.storage_offset());
       if (static_cast<size_t>(need) > sim_storage->nbytes()) {
-        c10::DataPtr data = sim_block(sim.device().index(), need, sim.device());
-        if (sim_storage->nbytes()) std::memcpy(data.get(), sim_storage->data(), sim_storage->nbytes());
-        sim_storage->set_data_ptr_noswap(std::move(data));
+        sim_storage->set_data_ptr_noswap(sim_block_holding(sim.device().index(), need, sim.device(),
+                                                           sim_storage->data(), sim_storage->nbytes()));
         sim_storage->set_nbytes(need);
       }
       sim.unsafeGetTensorImpl()->set_sizes_and_strides(host.sizes(), host.strides(), sim.storage_offset());
@@ -1355,10 +1358,8 @@ int fl_sim_resize_storage(void* impl, int64_t nbytes, int device) {
   try {
     auto* storage = static_cast<c10::StorageImpl*>(impl);
     const c10::Device on(kType, static_cast<c10::DeviceIndex>(device));
-    c10::DataPtr data = sim_block(device, static_cast<size_t>(nbytes), on);
     const size_t keep = std::min(storage->nbytes(), static_cast<size_t>(nbytes));
-    if (keep) std::memcpy(data.get(), storage->data(), keep);
-    storage->set_data_ptr_noswap(std::move(data));
+    storage->set_data_ptr_noswap(sim_block_holding(device, static_cast<size_t>(nbytes), on, storage->data(), keep));
     storage->set_nbytes(static_cast<size_t>(nbytes));
     return 0;
   } catch (const std::exception& e) {
