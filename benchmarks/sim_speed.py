@@ -11,8 +11,10 @@ Workloads (float32, one intra-op thread, the model and optimizer built once per 
 - ``bert``: BERT-base (``transformers.BertConfig()``, random weights) for sequence
   classification, batch 2 x 32 tokens (skipped when transformers is not installed).
 
-Each round times ``--steps`` steps on each device (after warm-up steps), the device order
-alternating from round to round; per workload it reports the median step time of each device,
+Each round times the same number of steps on each device (after warm-up steps): ``--steps``, or
+by default as many as make a round of the CPU's at least 50 ms (a few milliseconds' sample is
+noise: a timer tick or a collection moves it by tens of percent); the device order alternates
+from round to round; per workload it reports the median step time of each device,
 and the median and spread (min-max) of the per-round ratios sim/cpu. Each sim runtime
 (``FL_SIM_RUNTIME=cpp`` and ``python``) runs in a child process of its own, since a process
 has one; and so does each native set (``--sets``): ``default`` (the Core ATen set, the rest served
@@ -21,7 +23,7 @@ by the routing layer's composites and fallbacks) and ``device`` (a CUDA-like set
 own, the ``_foreach_*`` and fused optimizer kernels). ``--profile WORKLOAD`` prints where a sim step's time goes instead (torch.profiler's
 operators by self CPU time, three steps). The machine's load average is printed before and after.
 
-    python benchmarks/sim_speed.py [--rounds 7] [--steps 3] [--only mlp,gpt-small]
+    python benchmarks/sim_speed.py [--rounds 7] [--steps N] [--only mlp,gpt-small]
                                    [--runtimes cpp,python] [--sets default,device] [--profile mlp]
 """
 from __future__ import annotations
@@ -147,8 +149,13 @@ def timed(step, steps: int, sync) -> float:
     return (time.perf_counter() - start) / steps
 
 
-def child(workloads, rounds: int, steps: int, warmup: int) -> dict:
-    """Run in a process with the sim active: per workload, the per-round step times."""
+ROUND_SECONDS = 0.05
+"""The CPU's time a round lasts at least when ``--steps`` is not given."""
+
+
+def child(workloads, rounds: int, steps: int | None, warmup: int) -> dict:
+    """Run in a process with the sim active: per workload, the per-round step times and the
+    steps per round."""
     import torch
 
     torch.set_num_threads(1)
@@ -162,10 +169,11 @@ def child(workloads, rounds: int, steps: int, warmup: int) -> dict:
             continue
         for side in runs:
             timed(runs[side], warmup, sync)
-        times = {"cpu": [], "sim": []}
+        per_round = steps or max(3, math.ceil(ROUND_SECONDS / timed(runs["cpu"], 1, sync)))
+        times = {"cpu": [], "sim": [], "steps": per_round}
         for r in range(rounds):
             for side in (("cpu", "sim") if r % 2 == 0 else ("sim", "cpu")):
-                times[side].append(timed(runs[side], steps, sync))
+                times[side].append(timed(runs[side], per_round, sync))
         results[name] = times
         del runs
     return results
@@ -214,7 +222,7 @@ def summary(times: dict) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=7)
-    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=None)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--only", default=",".join(WORKLOADS))
     parser.add_argument("--runtimes", default="cpp,python")
@@ -239,22 +247,23 @@ def main() -> None:
             for k in args.runtimes.split(",") if k.strip()]
     for kind, native_set in runs:
         argv = [sys.executable, __file__, "--child", kind, "--child-set", native_set, "--only",
-                ",".join(workloads), "--rounds", str(args.rounds), "--steps", str(args.steps),
-                "--warmup", str(args.warmup)]
+                ",".join(workloads), "--rounds", str(args.rounds), "--warmup", str(args.warmup)]
+        if args.steps:
+            argv += ["--steps", str(args.steps)]
         if args.profile:
             print(f"== {kind} runtime, {native_set} set: {args.profile}")
             subprocess.run(argv + ["--profile", args.profile], check=True)
             continue
         done = subprocess.run(argv, check=True, capture_output=True, text=True)
         results = json.loads(done.stdout.strip().splitlines()[-1])
-        print(f"== FL_SIM_RUNTIME={kind}, {native_set} native set: {args.rounds} rounds of {args.steps} steps")
-        print(f"{'workload':<12} {'cpu ms':>9} {'sim ms':>9} {'sim/cpu':>8}  spread")
+        print(f"== FL_SIM_RUNTIME={kind}, {native_set} native set: {args.rounds} rounds")
+        print(f"{'workload':<12} {'steps':>5} {'cpu ms':>9} {'sim ms':>9} {'sim/cpu':>8}  spread")
         for name, times in results.items():
             if "skipped" in times:
                 print(f"{name:<12} skipped: {times['skipped']}")
                 continue
             s = summary(times)
-            print(f"{name:<12} {s['cpu_ms']:9.1f} {s['sim_ms']:9.1f} {s['ratio']:7.2f}x  "
+            print(f"{name:<12} {times['steps']:5d} {s['cpu_ms']:9.1f} {s['sim_ms']:9.1f} {s['ratio']:7.2f}x  "
                   f"{s['low']:.2f}-{s['high']:.2f}")
     print(f"load average after: {os.getloadavg()}")
 

@@ -45,23 +45,25 @@ def test_the_cuda_activity_is_the_sims(sim_backend, capfd, tmp_path, activities)
     assert not failure_lines(capfd.readouterr().err)
 
 
-def test_the_native_runtime_reports_device_memory(sim_backend):
+def test_the_cpp_runtime_reports_device_memory_to_the_operators_that_allocate(sim_backend):
     from flagos_torchfl.sim.runtime import state as runtime
 
-    native = runtime.cpp_runtime()
-    if native is None:
+    if runtime.cpp_runtime() is None:
         pytest.skip("the sim runs on its Python guard here (no C++ compiler)")
     matmul()
-    assert not native.memory_profiling()
     with torch.profiler.profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA],
                                 profile_memory=True) as prof:
         with torch.profiler.record_function("block"):
-            assert native.memory_profiling()
-            native.report_memory(0x10000, 4096, 4096, 2 << 20, 0)
-            native.report_memory(0x20000, 512, 4608, 2 << 20, 0)
-    assert not native.memory_profiling()
-    block = next(e for e in prof.key_averages() if e.key == "block")
-    assert block.self_device_memory_usage == 4608 and block.self_cpu_memory_usage == 0
+            kept = [torch.empty(1000, device="sim"), torch.empty(100, device="sim")]  # 4096 + 512
+            torch.empty(3000, device="sim")  # 12288 bytes, given back at once
+        with torch.profiler.record_function("freed"):
+            kept.clear()
+    usage = {e.key: e for e in prof.key_averages()}
+    assert usage["aten::empty"].self_device_memory_usage == 4096 + 512 + 12288  # the operator allocates
+    assert usage["block"].self_device_memory_usage == -12288  # the region itself frees the temporary
+    assert usage["block"].device_memory_usage == 4096 + 512
+    assert usage["freed"].self_device_memory_usage == -(4096 + 512)
+    assert usage["block"].self_cpu_memory_usage == 0
     assert "SIM Mem" in prof.key_averages().table()
 
 

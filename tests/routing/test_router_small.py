@@ -89,6 +89,25 @@ def test_composite_of_composites(router):
     assert decision_of(router, "sigmoid", training=True).route == "composite"
 
 
+def test_the_census_counts_a_composites_parts_as_the_composite(router):
+    """The native calls a composite makes (sigmoid's exp, add, reciprocal ...) are the
+    composite's work: the census's native count does not grow by them, and a direct native call
+    still counts."""
+    from flagos_torchfl.routing.state import current_verdict
+
+    def native_calls():
+        return current_verdict()["routes"]["native"]["calls"]
+
+    x = torch.randn(6).to("sim")
+    torch.sigmoid(x)  # decided (and run) once before counting
+    before = native_calls()
+    torch.sigmoid(x)
+    assert native_calls() == before
+    assert decision_of(router, "sigmoid").route == "composite"
+    x.mul(x)
+    assert native_calls() == before + 1
+
+
 def test_a_decomposition_that_loops_takes_the_next_route(router):
     x = torch.randn(5, 4)
     torch.testing.assert_close(host(torch.var(x.to("sim"), 1)), torch.var(x, 1))

@@ -11,7 +11,7 @@ import dataclasses
 import os
 import sys
 from types import MappingProxyType
-from typing import Any, Callable, FrozenSet, List, Mapping, Optional, Tuple
+from typing import Any, Callable, Dict, FrozenSet, List, Mapping, Optional, Protocol, Tuple
 
 from ..machine import environment as _environment
 from ..machine import pools as _memory
@@ -19,7 +19,7 @@ from ..machine import probing as _probing
 from ..machine.probing import DeviceInfo, ProbeResult, Unavailable
 from ..selection_view import SelectionView
 
-__all__ = ["Backend", "DeviceInfo", "KubernetesDevices", "ProbeResult", "Unavailable"]
+__all__ = ["Backend", "DeviceInfo", "KubernetesDevices", "NativeCalls", "ProbeResult", "Unavailable"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -32,6 +32,20 @@ class KubernetesDevices:
     #: variables a container needs to see every device of its node without requesting one (the
     #: node-labelling DaemonSet of ``k8s daemonset``)
     probe_env: Mapping[str, str] = dataclasses.field(default_factory=lambda: MappingProxyType({}))
+
+
+class NativeCalls(Protocol):
+    """A count of a chip's native operator calls (:meth:`Backend.count_native_calls`)."""
+
+    def rows(self) -> Dict[str, List[int]]:
+        """``{overload: [calls, nanoseconds]}`` counted so far (after :meth:`stop` too)."""
+
+    def pause(self, paused: bool) -> None:
+        """The calling thread begins (True) or ends (False) running a route: its calls in
+        between are the route's work, not counted."""
+
+    def stop(self) -> None:
+        """Stop counting."""
 
 
 class Backend:
@@ -165,10 +179,10 @@ class Backend:
         them (``Registry.variant``); None (the default): this backend serves them."""
         return None
 
-    def observe_native_calls(self, observer: Callable[[str, int], None]) -> Optional[Callable[[], None]]:
-        """Call ``observer(overload, nanoseconds)`` after each native operator call when the chip
-        can time its operators from the host; returns the undo, or None when it cannot (a real
-        chip runs its kernels asynchronously)."""
+    def count_native_calls(self) -> Optional["NativeCalls"]:
+        """Begin counting the chip's native operator calls when it can time them from the host
+        (:class:`NativeCalls`); None (the default) when it cannot (a real chip runs its kernels
+        asynchronously)."""
         return None
 
     def native_ops(self, options: Mapping[str, Any]) -> FrozenSet[str]:

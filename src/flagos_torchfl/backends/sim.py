@@ -115,23 +115,12 @@ class SimBackend(Backend):
         sim does; a profile answers as its chip model."""
         return True
 
-    def observe_native_calls(self, observer):
-        """The sim times every native kernel call on the host: its Python kernels and, with the
-        C++ runtime, the C++ route's too."""
-        from ..sim.operators import kernels
-        from ..sim.runtime import state
+    def count_native_calls(self):
+        """The sim times every native kernel call on the host: its Python kernels' and, with the
+        C++ runtime, the C++ route's (counted in C++)."""
+        from ..sim.integration.native_calls import NativeCalls
 
-        cpp_runtime = state.cpp_runtime()
-        kernels.set_observer(observer)
-        if cpp_runtime is not None:
-            cpp_runtime.set_observer(observer)
-
-        def stop() -> None:
-            kernels.set_observer(None)
-            if cpp_runtime is not None:
-                cpp_runtime.set_observer(None)
-
-        return stop
+        return NativeCalls()
 
     def native_ops(self, options: Mapping[str, Any]) -> FrozenSet[str]:
         """The installed sim's set; before installation the set ``options`` describe."""

@@ -82,10 +82,10 @@ class Router:
         self._local = threading.local()
         #: called as ``watch(overload, route)`` after each routed call (e.g. the fallback budget)
         self.watch: Optional[Callable[[str, str], None]] = None
-
-    def busy(self) -> bool:
-        """True while the calling thread is running a route (its parts are the route's work)."""
-        return getattr(self._local, "depth", 0) > 0
+        #: called as ``pause_native(True)`` when the calling thread begins a route and with False
+        #: when it ends it (the native calls a route makes are its work: the census counts them
+        #: as the route's)
+        self.pause_native: Optional[Callable[[bool], None]] = None
 
     # ------------------------------------------------------------------ dispatcher entry
     def call(self, op, args: tuple, kwargs: dict) -> Any:
@@ -93,10 +93,15 @@ class Router:
         local = self._local
         depth = getattr(local, "depth", 0)
         local.depth = depth + 1
+        pause = self.pause_native if depth == 0 else None
+        if pause is not None:
+            pause(True)
         try:
             return self._call(op, args, kwargs, depth > 0)
         finally:
             local.depth = depth
+            if pause is not None:
+                pause(False)
 
     def _call(self, op, args: tuple, kwargs: dict, nested: bool) -> Any:
         frames = composite.stack()

@@ -8,7 +8,6 @@ Work done inside a route (a decomposition's parts, a fallback's copies) counts a
 """
 from __future__ import annotations
 
-import threading
 import time
 from typing import Callable, Dict, List, Optional
 
@@ -27,22 +26,22 @@ class Census:
     def __init__(self, router, chip):
         self.router = router
         self.chip = chip
-        #: overload -> [calls, nanoseconds] of native calls made outside any route
-        self.native: Dict[str, List[int]] = {}
+        #: the chip's count of native calls made outside any route (None: it cannot time them)
+        self.native = None
         self.native_timed = False
         self.steps = 0
         #: called after each optimizer step (the strict fallback budget)
         self.on_step: Optional[Callable[[], None]] = None
         self.started = time.perf_counter_ns()
-        self._lock = threading.Lock()
         self._undo: List[Callable[[], None]] = []
 
     def start(self) -> Callable[[], None]:
         """Begin counting; returns :meth:`stop`."""
-        undo = self.chip.observe_native_calls(self._native_call)
-        if undo is not None:
-            self.native_timed = True
-            self._undo.append(undo)
+        native = self.chip.count_native_calls()
+        if native is not None:
+            self.native, self.native_timed = native, True
+            self.router.pause_native = native.pause
+            self._undo.append(self._stop_native)
         self._undo.append(optimizer_steps.after_each_step(self._step))
         return self.stop
 
@@ -50,15 +49,9 @@ class Census:
         while self._undo:
             self._undo.pop()()
 
-    def _native_call(self, name: str, ns: int) -> None:
-        if self.router.busy():
-            return
-        with self._lock:
-            row = self.native.get(name)
-            if row is None:
-                row = self.native[name] = [0, 0]
-            row[0] += 1
-            row[1] += ns
+    def _stop_native(self) -> None:
+        self.router.pause_native = None
+        self.native.stop()
 
     def _step(self, *_args) -> None:
         self.steps += 1
@@ -66,8 +59,9 @@ class Census:
             self.on_step()
 
     def native_rows(self) -> Dict[str, List[int]]:
-        with self._lock:
-            return {k: list(v) for k, v in self.native.items()}
+        """``{overload: [calls, nanoseconds]}`` of the native calls counted (empty when the chip
+        cannot time them)."""
+        return {} if self.native is None else self.native.rows()
 
 
 def verdict(router, census: Census) -> dict:

@@ -65,20 +65,29 @@ def test_storage_resize_keeps_the_leading_bytes(sim):
 
 
 def test_the_sim_backend_counts_every_cpp_kernel_call_for_the_verdict(sim):
-    """The routing census hears of C++ kernel calls as of Python ones (``Backend.observe_native_calls``)."""
+    """The routing census's count of native calls (``Backend.count_native_calls``) has the C++
+    kernels' calls, counted in C++, but for those a thread makes inside a route (paused)."""
     from flagos_torchfl.backends import get_backend
 
-    heard = []
-    stop = get_backend("sim").observe_native_calls(lambda name, ns: heard.append((name, ns)))
+    x = torch.ones(4, device="sim")
+    x.add(x)  # before counting: not counted
+    count = get_backend("sim").count_native_calls()
     try:
-        x = torch.ones(4, device="sim")
         for _ in range(3):
             x.add(x)
+        count.pause(True)
+        x.add(x)  # inside a route: the route's work
+        count.pause(False)
+        x.mul(x)
     finally:
-        stop()
-    x.add(x)  # stopped: not heard
-    adds = [ns for name, ns in heard if name == "aten::add.Tensor"]
-    assert len(adds) == 3 and all(ns > 0 for ns in adds)
+        count.stop()
+    x.add(x)  # stopped: not counted
+    rows = count.rows()
+    assert rows["aten::add.Tensor"][0] == 3 and rows["aten::add.Tensor"][1] > 0
+    assert rows["aten::mul.Tensor"][0] == 1
+    again = get_backend("sim").count_native_calls()  # a new count starts from zero
+    again.stop()
+    assert "aten::add.Tensor" not in again.rows()
 
 
 @pytest.mark.parametrize("causal, masked", [(True, False), (False, False), (False, True)])

@@ -1,16 +1,20 @@
-"""The sim's caching allocator: on its own, then as the memory of installed sim devices
-(statistics that match the live tensors exactly, caching, limits, storage resizing)."""
+"""The sim's caching allocator: on its own (both implementations: the Python runtime's and the C++
+runtime's, one policy), then as the memory of installed sim devices (statistics that match the
+live tensors exactly, caching, limits, storage resizing)."""
 from __future__ import annotations
 
+import contextlib
 import copy
 import gc
+import threading
 
 import pytest
 import torch
 
 import flagos_torchfl.sim as fsim
+from flagos_torchfl.sim.runtime import cpp
 from flagos_torchfl.sim.runtime.allocator import (BLOCK_ROUND, NOMINAL_TOTAL_MEMORY, SMALL_SEGMENT,
-                                          CachingAllocator, round_size)
+                                                  CachingAllocator, round_size)
 
 pytestmark = pytest.mark.isolated
 
@@ -24,14 +28,25 @@ def test_round_size():
     assert round_size(513) == 1024
 
 
-def test_zero_bytes_take_no_block():
-    alloc = CachingAllocator(0)
+@pytest.fixture(params=["python", "cpp"])
+def make(request):
+    """The allocator class of either runtime: ``make(index, limit=None)``."""
+    if request.param == "python":
+        return CachingAllocator
+    try:
+        return cpp.load().new_allocator
+    except cpp.CppUnavailable as exc:
+        pytest.skip(f"no C++ runtime here: {exc}")
+
+
+def test_zero_bytes_take_no_block(make):
+    alloc = make(0)
     assert alloc.allocate(0) is None
     assert alloc.allocated == alloc.reserved == 0
 
 
-def test_allocated_is_sum_of_rounded_sizes_and_small_requests_share_a_segment():
-    alloc = CachingAllocator(0)
+def test_allocated_is_sum_of_rounded_sizes_and_small_requests_share_a_segment(make):
+    alloc = make(0)
     sizes = [1, 512, 700, 4096, 100_000]
     blocks = [alloc.allocate(n) for n in sizes]
     assert alloc.allocated == sum(round_size(n) for n in sizes)
@@ -44,30 +59,30 @@ def test_allocated_is_sum_of_rounded_sizes_and_small_requests_share_a_segment():
     assert all(b - a >= 512 for a, b in zip(ptrs, ptrs[1:]))  # no overlap
 
 
-def test_large_request_gets_its_own_exact_segment():
-    alloc = CachingAllocator(0)
+def test_large_request_gets_its_own_exact_segment(make):
+    alloc = make(0)
     alloc.allocate(3 * MiB + 1)
     assert alloc.allocated == alloc.reserved == round_size(3 * MiB + 1)
     assert alloc.stats()["segment.large_pool.current"] == 1
 
 
-def test_freed_block_is_cached_and_reused_best_fit():
-    alloc = CachingAllocator(0)
+def test_freed_block_is_cached_and_reused_best_fit(make):
+    alloc = make(0)
     big = alloc.allocate(4 * MiB)
     small = alloc.allocate(3 * MiB)
     alloc.free(big)
     alloc.free(small)
     assert alloc.allocated == 0 and alloc.reserved == 7 * MiB
     again = alloc.allocate(2 * MiB)
-    assert again.segment is small.segment  # the 3 MiB block fits best
+    assert again.ptr == small.ptr  # the 3 MiB block fits best; its head is handed out
     assert alloc.reserved == 7 * MiB  # served from the cache
     assert alloc.allocated == 2 * MiB  # the rest of the block was split off and stays cached
     stats = alloc.stats()
     assert stats["num_device_alloc"] == 2 and stats["allocation.all.allocated"] == 3
 
 
-def test_free_merges_neighbours_and_empty_cache_releases_whole_segments():
-    alloc = CachingAllocator(0)
+def test_free_merges_neighbours_and_empty_cache_releases_whole_segments(make):
+    alloc = make(0)
     a, b, c = (alloc.allocate(1024) for _ in range(3))
     alloc.free(a)
     alloc.free(c)
@@ -78,8 +93,8 @@ def test_free_merges_neighbours_and_empty_cache_releases_whole_segments():
     assert alloc.reserved == 0 and alloc.stats()["num_device_free"] == 1
 
 
-def test_peaks_and_resets():
-    alloc = CachingAllocator(0)
+def test_peaks_and_resets(make):
+    alloc = make(0)
     blk = alloc.allocate(5 * MiB)
     alloc.free(blk)
     assert alloc.max_allocated == 5 * MiB and alloc.allocated == 0
@@ -89,8 +104,8 @@ def test_peaks_and_resets():
     assert alloc.stats()["allocation.all.allocated"] == 0
 
 
-def test_limit_empties_cache_then_raises_oom_naming_limit_size_and_device():
-    alloc = CachingAllocator(3, limit=8 * MiB)
+def test_limit_empties_cache_then_raises_oom_naming_limit_size_and_device(make):
+    alloc = make(3, limit=8 * MiB)
     alloc.free(alloc.allocate(6 * MiB))  # cached, reserved
     kept = alloc.allocate(7 * MiB)  # needs the cache emptied first
     assert alloc.stats()["num_alloc_retries"] == 1
@@ -103,27 +118,152 @@ def test_limit_empties_cache_then_raises_oom_naming_limit_size_and_device():
     assert alloc.allocated == 7 * MiB and kept.size == 7 * MiB
 
 
-def test_small_segment_shrinks_to_what_the_limit_leaves():
-    alloc = CachingAllocator(0, limit=MiB)
+def test_small_segment_shrinks_to_what_the_limit_leaves(make):
+    alloc = make(0, limit=MiB)
     alloc.allocate(100)
     assert alloc.reserved == MiB
     with pytest.raises(torch.OutOfMemoryError):
         alloc.allocate(2 * MiB)
 
 
-def test_capacity_is_limit_or_nominal():
-    alloc = CachingAllocator(0)
+def test_capacity_is_limit_or_nominal(make):
+    alloc = make(0)
     assert alloc.capacity == NOMINAL_TOTAL_MEMORY == 16 << 30
     alloc.set_limit(123 * MiB)
     assert alloc.capacity == 123 * MiB
 
 
-def test_double_free_is_refused():
-    alloc = CachingAllocator(0)
+def test_double_free_is_refused(make):
+    alloc = make(0)
     blk = alloc.allocate(10)
     alloc.free(blk)
     with pytest.raises(RuntimeError, match="double free"):
         alloc.free(blk)
+
+
+def test_graph_pools_keep_their_memory_apart_until_no_graph_uses_them(make):
+    alloc = make(0)
+    own = alloc.allocate(1000)
+    alloc.free(own)  # a cached block of the device's own small pool
+    token = (7, 0)
+    with pytest.raises(RuntimeError, match=r"graph pool \(7, 0\) of sim:0 is not in use"):
+        with alloc.allocating_to(token):
+            pass
+    alloc.retain_pool(token)
+    with alloc.allocating_to(token):
+        inside = alloc.allocate(1000)
+    assert inside.ptr != own.ptr  # the device's cached block is not the pool's
+    assert alloc.pool_reserved(token) == SMALL_SEGMENT
+    assert alloc.reserved == 2 * SMALL_SEGMENT and alloc.stats()["segment.all.current"] == 2
+    outside = alloc.allocate(1000)
+    assert outside.ptr == own.ptr  # eager requests never get pool memory
+    alloc.free(inside)
+    with alloc.allocating_to(token):
+        again = alloc.allocate(1000)
+    assert again.ptr == inside.ptr  # the pool's freed block serves the next capture
+    alloc.free(again)
+    assert alloc.empty_cache() == 0  # a graph still uses the pool
+    alloc.release_pool(token)
+    with pytest.raises(RuntimeError, match="not in use"):
+        alloc.release_pool(token)
+    alloc.free(outside)
+    assert alloc.empty_cache() == 2 * SMALL_SEGMENT
+    assert alloc.pool_reserved(token) == 0 and alloc.reserved == 0
+
+
+def test_a_pool_route_is_the_calling_threads_only(make):
+    alloc = make(0)
+    token = (3, 1)
+    alloc.retain_pool(token)
+    seen = {}
+    entered, done = threading.Event(), threading.Event()
+
+    def other_thread():
+        entered.wait()
+        seen["other"] = alloc.allocate(100)
+        done.set()
+
+    worker = threading.Thread(target=other_thread)
+    worker.start()
+    with alloc.allocating_to(token):
+        seen["mine"] = alloc.allocate(100)
+        entered.set()
+        done.wait()
+    worker.join()
+    assert alloc.pool_reserved(token) == SMALL_SEGMENT  # only this thread's request
+    assert alloc.reserved == 2 * SMALL_SEGMENT
+    for block in seen.values():
+        alloc.free(block)
+
+
+def test_fraction_bounds_new_segments_with_cudas_errors(make):
+    alloc = make(1, limit=64 * MiB)
+    with pytest.raises(TypeError, match="must be `float`"):
+        alloc.set_fraction(1)
+    with pytest.raises(ValueError, match="Allowed range: 0~1"):
+        alloc.set_fraction(1.5)
+    assert alloc.fraction == 1.0
+    alloc.set_fraction(0.25)
+    assert alloc.fraction == 0.25 and alloc.allowed == 16 * MiB
+    kept = alloc.allocate(15 * MiB)
+    with pytest.raises(torch.OutOfMemoryError) as info:
+        alloc.allocate(2 * MiB)
+    assert "of which this process may use 0.25 (16.00 MiB, set_per_process_memory_fraction)" in str(info.value)
+    assert "sim:1" in str(info.value)
+    alloc.free(kept)
+
+
+def test_both_implementations_agree_on_a_long_random_sequence():
+    """One sequence of requests, releases, cache emptying and a graph pool, given to both
+    allocators: every statistic after every step is the same, and so are each block's size and
+    each out-of-memory message."""
+    import random
+
+    try:
+        twin = cpp.load().new_allocator(0, 48 * MiB)
+    except cpp.CppUnavailable as exc:
+        pytest.skip(f"no C++ runtime here: {exc}")
+    python = CachingAllocator(0, 48 * MiB)
+    rng = random.Random(5)
+    live = []
+    token = (11, 0)
+    for step in range(3000):
+        pool = step % 97 < 10  # a capture: requests go to the graph pool
+        if step % 97 == 0:
+            python.retain_pool(token)
+            twin.retain_pool(token)
+        elif step % 97 == 10:
+            python.release_pool(token)
+            twin.release_pool(token)
+        roll = rng.random()
+        if roll < 0.5 or not live:
+            nbytes = rng.choice([rng.randrange(1, 4096), rng.randrange(4096, 1 << 20),
+                                 rng.randrange(1 << 20, 6 << 20)])
+            outcome = []
+            for alloc in (python, twin):
+                try:
+                    with alloc.allocating_to(token) if pool else contextlib.nullcontext():
+                        outcome.append(alloc.allocate(nbytes))
+                except torch.OutOfMemoryError as exc:
+                    outcome.append(str(exc))
+            if isinstance(outcome[0], str):
+                assert outcome[0] == outcome[1]  # the same message, word for word
+            else:
+                assert outcome[0].size == outcome[1].size
+                live.append(outcome)
+        elif roll < 0.97:
+            pair = live.pop(rng.randrange(len(live)))
+            python.free(pair[0])
+            twin.free(pair[1])
+        else:
+            assert python.empty_cache() == twin.empty_cache()
+        assert python.stats() == twin.stats(), f"statistics differ after step {step}"
+    assert python.stats()["num_ooms"] > 0 and python.stats()["num_alloc_retries"] > 0
+    for pair in live:
+        python.free(pair[0])
+        twin.free(pair[1])
+    assert python.empty_cache() == twin.empty_cache()
+    assert python.stats() == twin.stats() and twin.reserved == 0
 
 
 # -- the allocator behind installed sim devices ------------------------------

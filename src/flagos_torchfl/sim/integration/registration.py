@@ -16,6 +16,7 @@ from ...aten.dispatcher import has_backend_fallback, tagged, with_generator
 from ...errors import BackendUnavailableError, PrivateUse1ClaimedError
 from ..operators import kernels, quantized, sparse
 from ..runtime import cpp, state, tensors
+from ..runtime.allocator import CachingAllocator
 from ..runtime import device as device_module
 from . import inductor, torch_patches
 
@@ -86,7 +87,7 @@ def _register_cpp(cpp_runtime: cpp.CppRuntime, num_devices: int, bfloat16: bool)
     state.use_cpp(cpp_runtime)
     device_module.use_cpp_streams()
     try:
-        cpp_runtime.install_memory(tensors.cpp_allocate, tensors.cpp_free, tensors.cpp_service)
+        cpp_runtime.install_memory(state.allocators())
     except cpp.CppUnavailable as exc:
         raise BackendUnavailableError(state.DEVICE_TYPE, f"the sim's C++ runtime cannot hold its memory: {exc}") from exc
 
@@ -235,7 +236,7 @@ def claim(num_devices: int, memory_limit: int | None, native: Iterable[str],
         raise BackendUnavailableError(device_type, f"the sim cannot be device type {device_type!r}: {problem}")
     cpp_runtime = _cpp_runtime(runtime_mode, device_type)
     state.set_device_type(device_type, device_name, bfloat16)
-    state.start(num_devices, memory_limit)
+    state.start(num_devices, memory_limit, cpp_runtime.new_allocator if cpp_runtime is not None else CachingAllocator)
     name = state.DEVICE_TYPE
     if torch._C._get_privateuse1_backend_name() != name:
         torch.utils.rename_privateuse1_backend(name)

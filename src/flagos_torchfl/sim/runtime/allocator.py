@@ -10,7 +10,9 @@ One :class:`CachingAllocator` per sim device. Memory is reserved from the host i
   :data:`SMALL_SEGMENT` (2 MiB) each; larger requests come from the large pool, whose segments are
   exactly as large as the request that created them;
 * a request takes the best-fitting cached free block of its pool (the smallest that is large
-  enough, lowest address first) and splits off the remainder, which stays cached; so the
+  enough; among equal ones, the one in the oldest segment, then the lowest address: so the
+  choice, and every statistic after it, does not depend on where the host placed the segments)
+  and splits off the remainder, which stays cached; so the
   allocated bytes are always exactly the sum of the rounded sizes of the live blocks;
 * a freed block merges with free neighbours of its segment and stays cached (reserved);
   :meth:`CachingAllocator.empty_cache` gives every wholly free segment back to the host;
@@ -32,6 +34,10 @@ Its blocks and segments count in every statistic, as CUDA counts a graph pool's.
 Statistics follow ``torch.cuda.memory_stats`` naming (``allocated_bytes.all.current`` ...).
 The allocator is safe to call from several threads and from a finalizer that fires while it is
 busy (such frees are queued and applied before the busy call returns).
+
+This is the Python runtime's allocator; the C++ runtime's is the same policy in C++
+(``cpp/allocator.h``, held from Python by :class:`.cpp.allocator.CppCachingAllocator`, which has
+this class's interface), so that its allocations never enter Python.
 """
 from __future__ import annotations
 
@@ -52,7 +58,9 @@ SMALL_SEGMENT = 2 << 20
 NOMINAL_TOTAL_MEMORY = 16 << 30
 
 _POOLS = ("small_pool", "large_pool")
-_STAT_GROUPS = ("all",) + _POOLS
+STAT_GROUPS = ("all",) + _POOLS
+STAT_NAMES = ("allocation", "segment", "allocated_bytes", "reserved_bytes", "requested_bytes")
+STAT_FIELDS = ("current", "peak", "allocated", "freed")
 
 
 def round_size(nbytes: int) -> int:
@@ -70,14 +78,48 @@ def format_size(nbytes: int) -> str:
     return f"{value:.2f} GiB"
 
 
+def check_fraction(fraction: object) -> None:
+    """Refuse what ``torch.cuda.set_per_process_memory_fraction`` refuses, with its messages."""
+    if not isinstance(fraction, float):
+        raise TypeError("Invalid type for fraction argument, must be `float`")
+    if fraction < 0 or fraction > 1:
+        raise ValueError(f"Invalid fraction value: {fraction}. Allowed range: 0~1")
+
+
+def memory_stats(values: list[int], retries: int, ooms: int) -> collections.OrderedDict[str, int]:
+    """The ``torch.cuda.memory_stats`` table, sorted by key, of an allocator's statistics:
+    ``values`` holds each of :data:`STAT_NAMES` x :data:`STAT_GROUPS` x :data:`STAT_FIELDS` in
+    that order (``active`` is ``allocation`` and ``active_bytes`` is ``allocated_bytes``: no
+    block waits on a stream)."""
+    out: dict[str, int] = {}
+    at = iter(values)
+    for name in STAT_NAMES:
+        for group in STAT_GROUPS:
+            for field in STAT_FIELDS:
+                value = next(at)
+                out[f"{name}.{group}.{field}"] = value
+                if name == "allocation":
+                    out[f"active.{group}.{field}"] = value
+                elif name == "allocated_bytes":
+                    out[f"active_bytes.{group}.{field}"] = value
+    out["num_alloc_retries"] = retries
+    out["num_ooms"] = ooms
+    out["num_device_alloc"] = out["segment.all.allocated"]
+    out["num_device_free"] = out["segment.all.freed"]
+    out["num_sync_all_streams"] = 0
+    out["max_split_size"] = -1
+    return collections.OrderedDict(sorted(out.items()))
+
+
 class _Segment:
     """A host buffer reserved for the device; owns the bytes of the blocks carved from it.
     ``private``: the token of the graph pool it belongs to (None: the device's own pools)."""
 
-    __slots__ = ("buffer", "ptr", "size", "pool", "blocks", "private")
+    __slots__ = ("buffer", "ptr", "size", "pool", "blocks", "private", "serial")
 
-    def __init__(self, size: int, pool: str, private: tuple | None = None):
+    def __init__(self, size: int, pool: str, private: tuple | None, serial: int):
         self.buffer = torch.empty(size, dtype=torch.uint8, device="cpu")
+        self.serial = serial  # its allocator's segments are numbered in the order they were made
         self.ptr = self.buffer.data_ptr()
         self.size = size
         self.pool = pool
@@ -163,15 +205,15 @@ class CachingAllocator:
         self._lock = threading.RLock()
         self._depth = 0
         self._pending: collections.deque[Block] = collections.deque()
-        #: free blocks by (graph pool token or None, size pool), best fit first
+        #: free blocks by (graph pool token or None, size pool), best fit first: (size, segment
+        #: number, address, block)
         self._free: dict[tuple, list[tuple[int, int, Block]]] = {(None, pool): [] for pool in _POOLS}
         self._segments: set[_Segment] = set()
+        self._serial = 0  # the number the next segment gets
         #: graph pools: token -> how many graphs use it; threads allocating to one: id -> token
         self._pool_users: dict[tuple, int] = {}
         self._routes: dict[int, tuple] = {}
-        self._stats = {name: {group: _Stat() for group in _STAT_GROUPS} for name in
-                       ("allocation", "segment", "allocated_bytes", "reserved_bytes",
-                        "requested_bytes")}
+        self._stats = {name: {group: _Stat() for group in STAT_GROUPS} for name in STAT_NAMES}
         #: per size pool, the groups a block of it counts in: all, and the pool
         self._block_stats = {pool: (_BlockStats(self._stats, "all"), _BlockStats(self._stats, pool))
                              for pool in _POOLS}
@@ -203,10 +245,7 @@ class CachingAllocator:
         """Let this process reserve at most ``fraction`` of the capacity (``torch.cuda.
         set_per_process_memory_fraction``): a new segment past it fails with
         ``torch.OutOfMemoryError``; live blocks above a lowered share stay valid."""
-        if not isinstance(fraction, float):
-            raise TypeError("Invalid type for fraction argument, must be `float`")
-        if fraction < 0 or fraction > 1:
-            raise ValueError(f"Invalid fraction value: {fraction}. Allowed range: 0~1")
+        check_fraction(fraction)
         with self._lock:
             self._fraction = fraction
 
@@ -309,10 +348,10 @@ class CachingAllocator:
 
     def _take_cached(self, size: int, free_list: tuple) -> Block | None:
         free = self._free[free_list]
-        i = bisect.bisect_left(free, (size, 0))
+        i = bisect.bisect_left(free, (size, 0, 0))
         if i == len(free):
             return None
-        block = free.pop(i)[2]
+        block = free.pop(i)[3]
         self._split(block, size)
         return block
 
@@ -329,15 +368,15 @@ class CachingAllocator:
         self._insert_free(tail)
 
     def _insert_free(self, block: Block) -> None:
-        bisect.insort(self._free[block.segment.free_list], (block.size, block.ptr, block))
+        bisect.insort(self._free[block.segment.free_list], (block.size, block.segment.serial, block.ptr, block))
 
     def _remove_free(self, block: Block) -> None:
         free = self._free[block.segment.free_list]
-        i = bisect.bisect_left(free, (block.size, block.ptr))
-        if i < len(free) and free[i][2] is block:
+        i = bisect.bisect_left(free, (block.size, block.segment.serial, block.ptr))
+        if i < len(free) and free[i][3] is block:
             del free[i]
         else:  # defensive: never expected, keeps the cache consistent if it happens
-            free[:] = [entry for entry in free if entry[2] is not block]
+            free[:] = [entry for entry in free if entry[3] is not block]
 
     def _new_segment_block(self, size: int, nbytes: int, pool: str, private: tuple | None) -> Block:
         seg_size = self._segment_size(size, pool)
@@ -350,13 +389,14 @@ class CachingAllocator:
         if seg_size is None:
             self._raise_oom(nbytes, size)
         try:
-            segment = _Segment(seg_size, pool, private)
+            segment = _Segment(seg_size, pool, private, self._serial)
         except RuntimeError:  # the host itself is out of memory
             self._release_free_segments()
             try:
-                segment = _Segment(seg_size, pool, private)
+                segment = _Segment(seg_size, pool, private, self._serial)
             except RuntimeError:
                 self._raise_oom(nbytes, size, host=True)
+        self._serial += 1
         self._segments.add(segment)
         for group in ("all", pool):
             self._stats["segment"][group].increase(1)
@@ -436,7 +476,7 @@ class CachingAllocator:
                 continue
             keep = []
             for entry in free:
-                block = entry[2]
+                block = entry[3]
                 seg = block.segment
                 if block.prev is None and block.next is None and seg.blocks == 0:
                     self._segments.discard(seg)
@@ -478,24 +518,9 @@ class CachingAllocator:
     def stats(self) -> collections.OrderedDict[str, int]:
         """All statistics, keyed as ``torch.cuda.memory_stats`` keys them, sorted by key."""
         with self._lock:
-            out: dict[str, int] = {}
-            for name, groups in self._stats.items():
-                for group, stat in groups.items():
-                    for field in ("current", "peak", "allocated", "freed"):
-                        out[f"{name}.{group}.{field}"] = getattr(stat, field)
-                    if name == "allocation":
-                        for field in ("current", "peak", "allocated", "freed"):
-                            out[f"active.{group}.{field}"] = getattr(stat, field)
-                    if name == "allocated_bytes":
-                        for field in ("current", "peak", "allocated", "freed"):
-                            out[f"active_bytes.{group}.{field}"] = getattr(stat, field)
-            out["num_alloc_retries"] = self.num_alloc_retries
-            out["num_ooms"] = self.num_ooms
-            out["num_device_alloc"] = self._stats["segment"]["all"].allocated
-            out["num_device_free"] = self._stats["segment"]["all"].freed
-            out["num_sync_all_streams"] = 0
-            out["max_split_size"] = -1
-            return collections.OrderedDict(sorted(out.items()))
+            values = [getattr(self._stats[name][group], field)
+                      for name in STAT_NAMES for group in STAT_GROUPS for field in STAT_FIELDS]
+            return memory_stats(values, self.num_alloc_retries, self.num_ooms)
 
     def reset_peak(self) -> None:
         """Set every peak to its current value."""

@@ -337,7 +337,6 @@ def caching_allocator_alloc(size: int, device: Any = None, stream: Any = None) -
         return 0
     with _raw_lock:
         _raw_blocks[block.ptr] = (alloc, block)
-    tensors.report_memory(block.ptr, block.size, alloc)
     return block.ptr
 
 
@@ -351,7 +350,6 @@ def caching_allocator_delete(mem_ptr: int) -> None:
         raise RuntimeError(f"invalid device pointer: 0x{mem_ptr:x}")
     alloc, block = found
     alloc.free(block)
-    tensors.report_memory(block.ptr, -block.size, alloc)
 
 
 # -- streams and events ----------------------------------------------------------------------

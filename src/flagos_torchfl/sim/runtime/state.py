@@ -7,6 +7,7 @@ import itertools
 import os
 import threading
 import weakref
+from typing import Any, Callable
 
 import torch
 
@@ -26,7 +27,7 @@ DEVICE_NAME = "flagos sim device"
 BFLOAT16 = True
 """Whether the devices compute bfloat16 (a profile of a chip model without it: False)."""
 
-_allocators: list[CachingAllocator] = []
+_allocators: list[Any] = []  # CachingAllocator, or the C++ runtime's CppCachingAllocator
 _generators: list["SimGenerator"] = []
 _local = threading.local()
 _rng_lock = threading.RLock()
@@ -231,9 +232,11 @@ def _after_fork_in_child() -> None:
 os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
-def start(num_devices: int, memory_limit: int | None) -> None:
-    """Create ``num_devices`` devices, each with ``memory_limit`` bytes (None: nominal capacity)."""
-    _allocators[:] = [CachingAllocator(i, memory_limit, device_name) for i in range(num_devices)]
+def start(num_devices: int, memory_limit: int | None, allocator_of: Callable[..., Any] = CachingAllocator) -> None:
+    """Create ``num_devices`` devices, each with ``memory_limit`` bytes (None: nominal capacity)
+    and the allocator ``allocator_of(index, memory_limit, device_name)`` makes (the Python
+    runtime's :class:`CachingAllocator` unless the C++ runtime's is given)."""
+    _allocators[:] = [allocator_of(i, memory_limit, device_name) for i in range(num_devices)]
     gens = []
     for index in range(num_devices):
         g = SimGenerator(index)
@@ -314,12 +317,12 @@ def set_current_device(index: int) -> None:
         _local.device = index
 
 
-def allocator(index: int) -> CachingAllocator:
+def allocator(index: int) -> Any:
     """The allocator of device ``index``."""
     return _allocators[check_index(index)]
 
 
-def allocators() -> list[CachingAllocator]:
+def allocators() -> list[Any]:
     """Every device's allocator, by index."""
     return list(_allocators)
 

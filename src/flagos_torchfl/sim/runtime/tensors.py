@@ -15,9 +15,9 @@ autograd and sim keys, then pointing the alias at the storage with the CPU kerne
 ``aten::set_`` (the Meta kernel refuses storages that cannot grow, and sim storages cannot; the
 CPU kernel only touches metadata, and the geometry is checked against the storage here first).
 
-With the C++ runtime, sim storages are the C++ runtime's: their blocks come from the same
-allocators (:func:`cpp_allocate`, :func:`cpp_free`, :func:`cpp_service` are its way
-into them), and a storage owns its block through its C++ deleter instead of a ``_Memory`` record.
+With the C++ runtime, sim storages are the C++ runtime's: their blocks come from its C++
+allocators (:mod:`.cpp.allocator`), and a storage owns its block through its C++ deleter instead
+of a ``_Memory`` record.
 
 A *host view* is a CPU tensor over the same bytes with the same size, stride, offset and dtype;
 the sim's kernels run PyTorch's CPU kernels on host views. A host view keeps the sim storage
@@ -58,49 +58,6 @@ class _Memory:
         block, self.block = self.block, None
         if block is not None and not sys.is_finalizing():
             self.allocator.free(block)
-            report_memory(block.ptr, -block.size, self.allocator)
-
-
-def report_memory(ptr: int, delta: int, alloc: CachingAllocator) -> None:
-    """Tell a profiler that records memory (``profile_memory=True``) that ``delta`` bytes at
-    ``ptr`` were allocated (negative: freed) on ``alloc``'s device (needs the C++ runtime)."""
-    cpp_runtime = state.cpp_runtime()
-    if cpp_runtime is not None and cpp_runtime.memory_profiling():
-        cpp_runtime.report_memory(ptr, delta, alloc.allocated, alloc.reserved, alloc.device_index)
-
-
-def cpp_allocate(index: int, nbytes: int, profiling: bool) -> tuple:
-    """The C++ runtime's allocation: ``(address, block)`` of a new block of ``nbytes`` bytes
-    on device ``index`` (``(0, None)`` for 0 bytes); the devices' first use. ``profiling``: a
-    profiler that records memory runs on the calling thread (it is told)."""
-    state.begin_use()
-    alloc = state.allocator(index)
-    block = alloc.allocate(nbytes)
-    if block is None:
-        return 0, None
-    if profiling:
-        report_memory(block.ptr, block.size, alloc)
-    return block.ptr, block
-
-
-def cpp_free(index: int, block: Block, profiling: bool) -> None:
-    """The C++ runtime's release of ``block`` (from :func:`cpp_allocate`); ``profiling`` as
-    there."""
-    alloc = state.allocator(index)
-    alloc.free(block)
-    if profiling:
-        report_memory(block.ptr, -block.size, alloc)
-
-
-def cpp_service(what: str, index: int) -> object:
-    """The C++ runtime's rarer questions about device ``index``'s allocator (-1: all):
-    ``"stats"``, ``"empty_cache"``, ``"reset_peak"``, ``"reset_accumulated"``."""
-    if what == "stats":
-        return dict(state.allocator(state.to_index(None) if index < 0 else index).stats())
-    targets = state.allocators() if index < 0 else [state.allocator(index)]
-    for alloc in targets:
-        getattr(alloc, what)()
-    return None
 
 
 def new_storage(nbytes: int, index: int) -> torch.UntypedStorage:
@@ -113,8 +70,6 @@ def new_storage(nbytes: int, index: int) -> torch.UntypedStorage:
     alloc = state.allocator(index)
     block = alloc.allocate(nbytes)
     ptr = 0 if block is None else block.ptr
-    if block is not None:
-        report_memory(ptr, block.size, alloc)
     storage = torch._C._construct_storage_from_data_pointer(
         ptr, torch.device(state.DEVICE_TYPE, index), nbytes)
     storage._fl_memory = _Memory(block, alloc)

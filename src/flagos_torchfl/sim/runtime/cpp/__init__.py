@@ -1,8 +1,9 @@
-"""The sim's C++ runtime (``runtime.cpp`` beside this file): a device guard, PrivateUse1 hooks,
-profiler stubs and the report of device memory to the profiler written in C++, the parts of an accelerator that PyTorch's C++ side asks for and
-a Python backend cannot register (a Python-registered guard answers only the device type); and
-the C++ route: the device's allocators and one boxed C++ kernel for the native operators,
-which runs each operator's CPU kernel on the sim tensors' memory without entering Python.
+"""The sim's C++ runtime (``runtime.cpp`` and ``allocator.cpp`` beside this file): a device guard,
+PrivateUse1 hooks and profiler stubs written in C++, the parts of an accelerator that PyTorch's
+C++ side asks for and a Python backend cannot register (a Python-registered guard answers only the
+device type); and the C++ route: the device's caching allocators (:mod:`.allocator`) and one
+boxed C++ kernel for the native operators, which runs each operator's CPU kernel on the sim
+tensors' memory without entering Python.
 
 It is built at first use with the machine's C++ compiler (``$CXX``, else ``c++``, ``g++`` or
 ``clang++`` on ``PATH``) against the installed torch's and Python's headers, in about thirty seconds, and kept in a
@@ -23,10 +24,13 @@ import subprocess
 import sysconfig
 import tempfile
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional, Sequence
 
-SOURCE = Path(__file__).with_name("runtime.cpp")
-ABI = 6
+from . import allocator
+
+SOURCES = tuple(Path(__file__).with_name(name) for name in ("runtime.cpp", "allocator.cpp", "allocator.h"))
+"""The files the runtime is built from (the ``.cpp`` ones compiled, the header read by both)."""
+ABI = 7
 """The interface version of ``runtime.cpp`` this loader speaks (``fl_sim_abi()``)."""
 
 BUILD_TIMEOUT = 300.0
@@ -71,16 +75,18 @@ class CppRuntime:
         library.fl_sim_current_stream.restype = ctypes.c_int64
         library.fl_sim_exchange_stream.argtypes = [ctypes.c_int, ctypes.c_int64]
         library.fl_sim_exchange_stream.restype = ctypes.c_int64
-        library.fl_sim_report_memory.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_uint64,
-                                                 ctypes.c_uint64, ctypes.c_int]
-        library.fl_sim_report_memory.restype = None
+        library.fl_sim_install_memory.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_int]
+        allocator.declare(library)
         library.fl_sim_register_kernels.argtypes = [ctypes.c_char_p]
         library.fl_sim_set_fused_attention.argtypes = [ctypes.c_int]
         library.fl_sim_owns_block.argtypes = [ctypes.c_void_p]
         library.fl_sim_resize_storage.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int]
         self._py = ctypes.PyDLL(str(path))  # the entry points that take Python objects, GIL held
-        self._py.fl_sim_set_python.argtypes = [ctypes.py_object] * 3
-        self._py.fl_sim_set_observer.argtypes = [ctypes.py_object]
+        library.fl_sim_count_calls.argtypes = [ctypes.c_int]
+        library.fl_sim_count_calls.restype = None
+        self._py.fl_sim_call_counts.restype = ctypes.py_object
+        self._py.fl_sim_pause_counting.argtypes = [ctypes.c_int]  # PyDLL: the GIL stays held
+        self._py.fl_sim_pause_counting.restype = None
         self._py.fl_sim_set_graphs.argtypes = [ctypes.py_object]
         self._py.fl_sim_set_dtypes.argtypes = [ctypes.py_object]
         self.current_stream = library.fl_sim_current_stream
@@ -100,16 +106,18 @@ class CppRuntime:
         if self._py.fl_sim_set_graphs(_device_graph) == 2:
             raise CppUnavailable(self._lib.fl_sim_error().decode(errors="replace"))
 
-    def install_memory(self, allocate, free, service) -> None:
-        """Make the sim allocator the device's memory in C++: ``allocate(index, nbytes,
-        profiling)`` answers ``(address, block)`` (``(0, None)`` for no block), ``free(index,
-        block, profiling)`` gives a block back (``profiling``: a profiler that records memory runs
-        on the calling thread, to be told of the change), ``service(what, index)`` answers
-        ``"stats"`` (a ``memory_stats`` dict), ``"empty_cache"``, ``"reset_peak"`` and
-        ``"reset_accumulated"`` (index -1: every device). Registers the PrivateUse1 allocator, the pinned host allocator, and the CPU
-        allocator through which native kernels' outputs are allocated as sim memory."""
-        self._py.fl_sim_set_python(allocate, free, service)
-        if self._lib.fl_sim_install_memory() != 0:
+    def new_allocator(self, index: int, limit: int | None = None,
+                      device_name: Callable[[int], str] | None = None) -> allocator.CppCachingAllocator:
+        """A new C++ caching allocator for device ``index`` (``limit``: bytes, None for the
+        nominal capacity; ``device_name``: its name in errors)."""
+        return allocator.CppCachingAllocator(self._lib, index, limit, device_name)
+
+    def install_memory(self, allocators: Sequence[allocator.CppCachingAllocator]) -> None:
+        """Make ``allocators`` (one per registered device, by index, from :meth:`new_allocator`)
+        the device's memory in C++: the PrivateUse1 allocator, the pinned host allocator, and the
+        CPU allocator through which native kernels' outputs are allocated as sim memory."""
+        handles = (ctypes.c_void_p * len(allocators))(*(each.handle for each in allocators))
+        if self._lib.fl_sim_install_memory(handles, len(allocators)) != 0:
             raise CppUnavailable(self._lib.fl_sim_error().decode(errors="replace"))
 
     def register_kernels(self, names) -> int:
@@ -123,9 +131,18 @@ class CppRuntime:
         self._lib.fl_sim_set_fused_attention(int(FUSED_ATTENTION <= frozenset(names)))
         return count
 
-    def set_observer(self, observer) -> None:
-        """Call ``observer(overload name, nanoseconds)`` after every C++ kernel (None: stop)."""
-        self._py.fl_sim_set_observer(observer)
+    def count_calls(self, on: bool) -> None:
+        """Count every C++ route kernel's calls and host time from now on, from zero (``on``), or
+        stop counting (the counts stay readable)."""
+        self._lib.fl_sim_count_calls(int(on))
+
+    def pause_counting(self, paused: bool) -> None:
+        """Whether the calling thread's C++ kernel calls go uncounted from now on."""
+        self._py.fl_sim_pause_counting(int(paused))
+
+    def call_counts(self) -> dict:
+        """``{overload: (calls, nanoseconds)}`` of the C++ kernels counted (:meth:`count_calls`)."""
+        return self._py.fl_sim_call_counts()
 
     def owns_block(self, storage) -> bool:
         """Whether sim ``storage`` holds its own block (not a slice of another storage)."""
@@ -148,17 +165,6 @@ class CppRuntime:
     def mark_used(self, used: bool) -> None:
         """Record whether the devices were used in this process (the hooks' primary context)."""
         self._lib.fl_sim_mark_used(int(used))
-
-    def memory_profiling(self) -> bool:
-        """Whether a profiler that records memory (``profile_memory=True``) runs on the calling
-        thread: only then is :meth:`report_memory` worth its call."""
-        return bool(self._lib.fl_sim_memory_profiling())
-
-    def report_memory(self, address: int, delta: int, allocated: int, reserved: int, device: int) -> None:
-        """Tell the profiler that ``delta`` bytes (negative: freed) at ``address`` changed on sim
-        device ``device``, which now has ``allocated`` / ``reserved`` bytes: it attributes them to
-        the running operator as device memory (``self_device_memory_usage``)."""
-        self._lib.fl_sim_report_memory(address, delta, allocated, reserved, device)
 
     def is_pinned(self, address: int) -> bool:
         """Whether ``address`` lies inside a block of the pinned host allocator."""
@@ -249,14 +255,16 @@ def default_cache_dir() -> Path:
 
 def build_key(compiler: str, torch_dir: Path, torch_version: str) -> str:
     """The cache entry of one build: the source, the torch build it links and the compiler."""
-    digest = hashlib.sha256(SOURCE.read_bytes())
+    digest = hashlib.sha256()
+    for source in SOURCES:
+        digest.update(source.read_bytes() + b"\0")
     for part in (compiler, str(torch_dir), torch_version):
         digest.update(b"\0" + part.encode())
     return f"{torch_version.replace('+', '_')}-{digest.hexdigest()[:16]}"
 
 
 def compile_command(compiler: str, torch_dir: Path, output: Path) -> list[str]:
-    """The command that builds ``runtime.cpp`` into ``output`` against the torch in
+    """The command that builds the runtime's sources into ``output`` against the torch in
     ``torch_dir``, with that build's C++ ABI."""
     import torch
 
@@ -266,7 +274,7 @@ def compile_command(compiler: str, torch_dir: Path, output: Path) -> list[str]:
     python_include = sysconfig.get_paths()["include"]
     return [compiler, "-O2", "-std=c++20", "-fPIC", "-shared", f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
             f"-I{include}", f"-I{include / 'torch' / 'csrc' / 'api' / 'include'}", f"-I{python_include}",
-            str(SOURCE),
+            *(str(source) for source in SOURCES if source.suffix == ".cpp"),
             f"-L{lib}", "-lc10", "-ltorch_cpu", f"-Wl,-rpath,{lib}", "-o", str(output)]
 
 

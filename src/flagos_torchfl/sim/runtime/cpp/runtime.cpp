@@ -13,15 +13,16 @@
 //    (DDP's reducer with find_unused_parameters, Tensor.pin_memory, DataLoader pin_memory) that
 //    knows every address inside its blocks (is_pinned of a view into pinned memory);
 //  * profiler stubs, so the profiler's device-side events of PrivateUse1 have host timestamps;
-//    and the report of device memory to a profiler that records memory (fl_sim_report_memory);
 //  * a DDP timer (DDP's logger measures forward, backward and communication per device type);
-//  * the device's memory (a c10::DeviceAllocator whose blocks come from the sim's caching
-//    allocator in Python, the one place its policy and statistics live) and pinned host memory
-//    (an at::HostAllocator: torch.accelerator.empty_host_cache);
+//  * the device's memory (a c10::DeviceAllocator whose blocks come from each device's caching
+//    allocator, allocator.h, with its statistics and the profiler's memory reports) and pinned
+//    host memory (an at::HostAllocator: torch.accelerator.empty_host_cache);
 //  * the boxed kernel of the sim's native operators (below: "The C++ route");
 //  * the choice of scaled_dot_product_attention's fused kernel, where the native set has the
 //    host's (fl_sim_set_fused_attention).
 #include <Python.h>
+
+#include "allocator.h"
 
 #include <ATen/ATen.h>
 #include <ATen/EmptyTensor.h>
@@ -363,31 +364,19 @@ void register_ddp_timer() {}
 #endif
 
 // ---- Device memory ---------------------------------------------------------------------------
-// Blocks come from the sim's caching allocator (Python: its policy, limits, statistics and the
-// profiler's memory reports live there, whichever runtime runs). g_py_alloc(index, nbytes,
-// profiling) answers (address, block); g_py_free(index, block, profiling) gives a block back;
-// `profiling`: a profiler that records memory runs on the thread (c10::memoryProfilingEnabled),
-// so the change is reported to it. g_py_service(what, index) answers the rarer questions
-// (statistics, emptying the cache).
-PyObject* g_py_alloc = nullptr;
-PyObject* g_py_free = nullptr;
-PyObject* g_py_service = nullptr;
-PyObject* g_py_observer = nullptr;
-std::atomic<bool> g_observe{false};
+// Blocks come from the device's caching allocator (allocator.h: its policy, limits, statistics
+// and the profiler's memory reports), which Python made (flagos_torchfl/sim/runtime/cpp/
+// allocator.py) and handed over with fl_sim_install_memory.
+CachingAllocator* g_allocators[kMaxDevices] = {};
 std::atomic<bool> g_bad_fork{false};
 thread_local int t_alloc_device = -1;  // >= 0: CPU allocations of this thread are sim memory
 
 // Sets where the calling thread's CPU allocations go (-1: the host) for its lifetime; Python code
-// that a kernel calls (the sim allocator itself) allocates on the host.
+// that a kernel calls allocates on the host.
 struct AllocateOn {
   int previous;
   explicit AllocateOn(int device) : previous(t_alloc_device) { t_alloc_device = device; }
   ~AllocateOn() { t_alloc_device = previous; }
-};
-
-struct BlockContext {
-  PyObject* block;
-  int device;
 };
 
 // The pending Python exception's message (taken off); it starts with \x01 for an out-of-memory error.
@@ -413,48 +402,28 @@ std::string python_error() {
   return (oom ? "\x01" : "") + message;
 }
 
-[[noreturn]] void raise_python_error() {
-  std::string message = python_error();
-  if (!message.empty() && message[0] == '\x01') {
-    TORCH_CHECK_WITH(OutOfMemoryError, false, message.substr(1));
-  }
-  TORCH_CHECK(false, message);
-}
-
-// The blocks handed out, by address: a DataPtr's context is its address (what raw_allocate,
-// which some CPU kernels use, requires).
+// The device of each block handed out, by address: a DataPtr's context is its address (what
+// raw_allocate, which some CPU kernels use, requires).
 std::mutex g_blocks_lock;
-std::unordered_map<void*, BlockContext> g_blocks;
+std::unordered_map<void*, int> g_blocks;
 c10::Allocator* g_host_allocator = nullptr;  // the CPU allocator g_cpu_allocator replaced
 
 void sim_delete(void* ptr) {
   if (ptr == nullptr) return;
-  BlockContext c{nullptr, -1};
+  int device = -1;
   {
     std::lock_guard<std::mutex> hold(g_blocks_lock);
     auto it = g_blocks.find(ptr);
     if (it != g_blocks.end()) {
-      c = it->second;
+      device = it->second;
       g_blocks.erase(it);
     }
   }
-  if (c.block == nullptr) {  // host memory handed out through raw_allocate
+  if (device < 0) {  // host memory handed out through raw_allocate
     g_host_allocator->raw_deleter()(ptr);
     return;
   }
-  if (Py_IsInitialized() && !_Py_IsFinalizing()) {
-    AllocateOn host(-1);
-    PyGILState_STATE gil = PyGILState_Ensure();
-    PyObject *type, *value, *trace;  // a tensor may die while an exception is being raised
-    PyErr_Fetch(&type, &value, &trace);
-    PyObject* done = PyObject_CallFunction(g_py_free, "iOO", c.device, c.block,
-                                           c10::memoryProfilingEnabled() ? Py_True : Py_False);
-    if (done == nullptr) PyErr_WriteUnraisable(g_py_free);
-    Py_XDECREF(done);
-    Py_DECREF(c.block);
-    PyErr_Restore(type, value, trace);
-    PyGILState_Release(gil);
-  }
+  g_allocators[device]->release(ptr);
 }
 
 // In a child forked after the devices were used, every use fails as an accelerator's does.
@@ -470,31 +439,11 @@ void check_fork() {
 c10::DataPtr sim_block(int device, size_t nbytes, c10::Device on) {
   check_fork();
   g_used.store(true);
-  AllocateOn host(-1);
-  PyGILState_STATE gil = PyGILState_Ensure();
-  PyObject *type, *value, *trace;
-  PyErr_Fetch(&type, &value, &trace);
-  PyObject* answer = PyObject_CallFunction(g_py_alloc, "inO", device, static_cast<Py_ssize_t>(nbytes),
-                                           c10::memoryProfilingEnabled() ? Py_True : Py_False);
-  if (answer == nullptr) {
-    std::string message = python_error();
-    PyErr_Restore(type, value, trace);
-    PyGILState_Release(gil);
-    if (!message.empty() && message[0] == '\x01') {
-      TORCH_CHECK_WITH(OutOfMemoryError, false, message.substr(1));
-    }
-    TORCH_CHECK(false, message);
-  }
-  void* ptr = PyLong_AsVoidPtr(PyTuple_GET_ITEM(answer, 0));
-  PyObject* block = PyTuple_GET_ITEM(answer, 1);
-  if (block != Py_None) {
-    Py_INCREF(block);
+  void* ptr = g_allocators[device]->allocate(nbytes);
+  if (ptr != nullptr) {
     std::lock_guard<std::mutex> hold(g_blocks_lock);
-    g_blocks[ptr] = BlockContext{block, device};
+    g_blocks[ptr] = device;
   }
-  Py_DECREF(answer);
-  PyErr_Restore(type, value, trace);
-  PyGILState_Release(gil);
   return {ptr, ptr, &sim_delete, on};
 }
 
@@ -505,10 +454,14 @@ c10::DataPtr sim_block_holding(int device, size_t nbytes, c10::Device on, const 
   return data;
 }
 
-PyObject* service(const char* what, int device) {
-  PyObject* answer = PyObject_CallFunction(g_py_service, "si", what, device);
-  if (answer == nullptr) raise_python_error();
-  return answer;
+// The allocators `device` names: that device's, or every device's for -1.
+std::vector<CachingAllocator*> allocators_of(int device) {
+  std::vector<CachingAllocator*> chosen;
+  const int n = g_devices.load();
+  for (int i = 0; i < n; ++i) {
+    if ((device < 0 || device == i) && g_allocators[i] != nullptr) chosen.push_back(g_allocators[i]);
+  }
+  return chosen;
 }
 
 struct SimAllocator final : public c10::DeviceAllocator {
@@ -522,54 +475,38 @@ struct SimAllocator final : public c10::DeviceAllocator {
   }
   bool initialized() override { return g_used.load(); }
   void emptyCache(c10::MempoolId_t /*pool*/) override {
-    PyGILState_STATE gil = PyGILState_Ensure();
-    PyObject* done = PyObject_CallFunction(g_py_service, "si", "empty_cache", -1);
-    if (done == nullptr) { std::string m = python_error(); PyGILState_Release(gil); TORCH_CHECK(false, m); }
-    Py_DECREF(done);
-    PyGILState_Release(gil);
+    for (CachingAllocator* a : allocators_of(-1)) a->empty_cache();
   }
   void recordStream(const c10::DataPtr& /*ptr*/, c10::Stream /*stream*/) override {}
   c10::CachingDeviceAllocator::DeviceStats getDeviceStats(c10::DeviceIndex device) override {
+    int64_t values[CachingAllocator::kStatValues];
+    g_allocators[resolve(device)]->stats(values);
     c10::CachingDeviceAllocator::DeviceStats stats;
-    PyGILState_STATE gil = PyGILState_Ensure();
-    PyObject* table = PyObject_CallFunction(g_py_service, "si", "stats", static_cast<int>(device));
-    if (table == nullptr) { std::string m = python_error(); PyGILState_Release(gil); TORCH_CHECK(false, m); }
-    auto read = [&](const std::string& key) -> int64_t {
-      PyObject* v = PyDict_GetItemString(table, key.c_str());
-      return v ? PyLong_AsLongLong(v) : 0;
-    };
-    const char* groups[] = {"all", "small_pool", "large_pool"};
-    auto fill = [&](c10::CachingDeviceAllocator::StatArray& array, const char* kind) {
-      for (int g = 0; g < 3; ++g) {
-        const std::string prefix = std::string(kind) + "." + groups[g] + ".";
-        array[g].current = read(prefix + "current");
-        array[g].peak = read(prefix + "peak");
-        array[g].allocated = read(prefix + "allocated");
-        array[g].freed = read(prefix + "freed");
+    auto fill = [&](c10::CachingDeviceAllocator::StatArray& array, StatName kind) {
+      for (int g = 0; g < kGroups; ++g) {
+        const int64_t* v = values + (kind * kGroups + g) * 4;
+        array[g].current = v[0];
+        array[g].peak = v[1];
+        array[g].allocated = v[2];
+        array[g].freed = v[3];
       }
     };
-    fill(stats.allocation, "allocation");
-    fill(stats.segment, "segment");
-    fill(stats.active, "active");
-    fill(stats.allocated_bytes, "allocated_bytes");
-    fill(stats.reserved_bytes, "reserved_bytes");
-    fill(stats.active_bytes, "active_bytes");
-    fill(stats.requested_bytes, "requested_bytes");
-    stats.num_alloc_retries = read("num_alloc_retries");
-    stats.num_ooms = read("num_ooms");
-    Py_DECREF(table);
-    PyGILState_Release(gil);
+    fill(stats.allocation, kAllocation);
+    fill(stats.segment, kSegment);
+    fill(stats.active, kAllocation);
+    fill(stats.allocated_bytes, kAllocatedBytes);
+    fill(stats.reserved_bytes, kReservedBytes);
+    fill(stats.active_bytes, kAllocatedBytes);
+    fill(stats.requested_bytes, kRequestedBytes);
+    stats.num_alloc_retries = values[CachingAllocator::kStatValues - 2];
+    stats.num_ooms = values[CachingAllocator::kStatValues - 1];
     return stats;
   }
-  void resetAccumulatedStats(c10::DeviceIndex device) override { simple("reset_accumulated", device); }
-  void resetPeakStats(c10::DeviceIndex device) override { simple("reset_peak", device); }
-
-  void simple(const char* what, int device) {
-    PyGILState_STATE gil = PyGILState_Ensure();
-    PyObject* done = PyObject_CallFunction(g_py_service, "si", what, device);
-    if (done == nullptr) { std::string m = python_error(); PyGILState_Release(gil); TORCH_CHECK(false, m); }
-    Py_DECREF(done);
-    PyGILState_Release(gil);
+  void resetAccumulatedStats(c10::DeviceIndex device) override {
+    for (CachingAllocator* a : allocators_of(device)) a->reset_accumulated();
+  }
+  void resetPeakStats(c10::DeviceIndex device) override {
+    for (CachingAllocator* a : allocators_of(device)) a->reset_peak();
   }
 };
 
@@ -815,35 +752,37 @@ struct Call {
   }
 };
 
-// Tell the observer that `op` (its name as a Python string in `name`, made at the first call)
-// took `ns` nanoseconds.
-void observe(const std::string& op, PyObject*& name, int64_t ns) {
-  AllocateOn host(-1);
-  PyGILState_STATE gil = PyGILState_Ensure();
-  if (g_py_observer != nullptr) {
-    if (name == nullptr) name = PyUnicode_InternFromString(op.c_str());
-    PyObject* took = PyLong_FromLongLong(static_cast<long long>(ns));
-    PyObject* done = name == nullptr || took == nullptr
-                         ? nullptr
-                         : PyObject_CallFunctionObjArgs(g_py_observer, name, took, nullptr);
-    if (done == nullptr) PyErr_WriteUnraisable(g_py_observer);
-    Py_XDECREF(took);
-    Py_XDECREF(done);
-  }
-  PyGILState_Release(gil);
-}
+// The census of native calls (fl_sim_count_calls): each kernel counts its calls and their host
+// time while counting is on, except on a thread the router has paused (a call made inside a route
+// is the route's work).
+std::atomic<bool> g_count{false};
+thread_local bool t_count_paused = false;
+struct SimKernel;
+std::mutex g_kernels_lock;
+std::vector<SimKernel*> g_kernels;  // every C++ route kernel (the dispatcher owns them)
 
 struct SimKernel final : public c10::OperatorKernel {
   Signature sig;
-  PyObject* name = nullptr;  // sig.name for the observer (kept while the kernel lives)
-  explicit SimKernel(Signature s) : sig(std::move(s)) {}
+  std::atomic<int64_t> calls{0};
+  std::atomic<int64_t> ns{0};
+  explicit SimKernel(Signature s) : sig(std::move(s)) {
+    std::lock_guard<std::mutex> hold(g_kernels_lock);
+    g_kernels.push_back(this);
+  }
+  ~SimKernel() override {
+    std::lock_guard<std::mutex> hold(g_kernels_lock);
+    g_kernels.erase(std::remove(g_kernels.begin(), g_kernels.end(), this), g_kernels.end());
+  }
 
   void operator()(const c10::OperatorHandle& op, c10::DispatchKeySet /*keys*/, torch::jit::Stack* stack) {
     check_fork();
-    const bool timed = g_observe.load();
-    const int64_t start = timed ? now_ns() : 0;
+    const bool counted = g_count.load(std::memory_order_relaxed) && !t_count_paused;
+    const int64_t start = counted ? now_ns() : 0;
     run(op, stack);
-    if (timed) observe(sig.name, name, now_ns() - start);
+    if (counted) {
+      calls.fetch_add(1, std::memory_order_relaxed);
+      ns.fetch_add(now_ns() - start, std::memory_order_relaxed);
+    }
   }
 
   void run(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
@@ -1107,7 +1046,7 @@ std::string g_error;
 extern "C" {
 
 // The interface version the Python loader checks before it calls anything else.
-int fl_sim_abi() { return 6; }
+int fl_sim_abi() { return 7; }
 
 // Register the guard, the hooks and the profiler stubs for `devices` devices. Returns 0, or 1 when
 // PrivateUse1 already has hooks or a guard of another's (fl_sim_error says which), 2 on an error.
@@ -1187,35 +1126,6 @@ int fl_sim_set_dtypes(PyObject* names) {
   return 0;
 }
 
-// Whether a profiler that records memory is running on the calling thread (profile_memory=True).
-int fl_sim_memory_profiling() { return c10::memoryProfilingEnabled() ? 1 : 0; }
-
-// Report to that profiler `delta` bytes allocated (negative: freed) at `ptr` on sim device
-// `device`, with the device's allocated and reserved bytes after the change: what a C++ caching
-// allocator reports, so the profiler attributes the bytes to the operator that allocated them.
-void fl_sim_report_memory(void* ptr, int64_t delta, uint64_t allocated, uint64_t reserved, int device) {
-  if (device < 0 || device >= flsim::g_devices.load()) return;
-  c10::reportMemoryUsageToProfiler(ptr, delta, allocated, reserved,
-                                   c10::Device(flsim::kType, static_cast<c10::DeviceIndex>(device)));
-}
-
-}  // extern "C"
-
-extern "C" {
-
-// Hand the runtime the sim allocator's Python entry points: alloc(index, nbytes) -> (address,
-// block), free(index, block), service(what, index) (statistics, emptying caches). Called with
-// the GIL held (ctypes.PyDLL); they live as long as the process.
-int fl_sim_set_python(PyObject* alloc, PyObject* free, PyObject* service) {
-  Py_INCREF(alloc);
-  Py_INCREF(free);
-  Py_INCREF(service);
-  flsim::g_py_alloc = alloc;
-  flsim::g_py_free = free;
-  flsim::g_py_service = service;
-  return 0;
-}
-
 // Make graph(keep_graph) (a Python graph of the device) torch.accelerator.Graph's implementation
 // for the device type, registered under its name as c10 spells it ("SIM", "NPU"). 1: this torch
 // has no graph registry (before 2.12); 2 on an error (fl_sim_error says which). GIL held.
@@ -1245,27 +1155,57 @@ int fl_sim_set_graphs(PyObject* graph) {
 #endif
 }
 
-// Call observer(overload name, nanoseconds) after every native kernel (None: stop). GIL held.
-int fl_sim_set_observer(PyObject* observer) {
-  PyObject* previous = flsim::g_py_observer;
-  if (observer == Py_None) {
-    flsim::g_observe.store(false);
-    flsim::g_py_observer = nullptr;
-  } else {
-    Py_INCREF(observer);
-    flsim::g_py_observer = observer;
-    flsim::g_observe.store(true);
+// Count every C++ route kernel's calls and host time from now on (on: the counts start from
+// zero), or stop counting (off: the counts stay readable).
+void fl_sim_count_calls(int on) {
+  using namespace flsim;
+  if (on) {
+    std::lock_guard<std::mutex> hold(g_kernels_lock);
+    for (SimKernel* k : g_kernels) {
+      k->calls.store(0);
+      k->ns.store(0);
+    }
   }
-  Py_XDECREF(previous);
-  return 0;
+  g_count.store(on != 0);
 }
 
-// Make the device's memory the sim allocator's: the PrivateUse1 allocator (a DeviceAllocator,
-// for torch.accelerator's memory questions), the CPU allocator that a native kernel's CPU
-// kernel allocates sim memory through, and the pinned host allocator of the accelerator.
-int fl_sim_install_memory() {
+// Whether the calling thread's calls go uncounted (it runs a route, whose work they are).
+void fl_sim_pause_counting(int paused) { flsim::t_count_paused = paused != 0; }
+
+// The counts: {overload name: (calls, nanoseconds)} of the kernels called since counting began,
+// a new dict (nullptr with a Python error set when one cannot be made). GIL held.
+PyObject* fl_sim_call_counts() {
+  using namespace flsim;
+  PyObject* counts = PyDict_New();
+  if (counts == nullptr) return nullptr;
+  std::lock_guard<std::mutex> hold(g_kernels_lock);
+  for (SimKernel* k : g_kernels) {
+    const int64_t calls = k->calls.load();
+    if (calls == 0) continue;
+    PyObject* row = Py_BuildValue("(LL)", static_cast<long long>(calls), static_cast<long long>(k->ns.load()));
+    if (row == nullptr || PyDict_SetItemString(counts, k->sig.name.c_str(), row) != 0) {
+      Py_XDECREF(row);
+      Py_DECREF(counts);
+      return nullptr;
+    }
+    Py_DECREF(row);
+  }
+  return counts;
+}
+
+// Make the device's memory the caching allocators at `allocators` (one per device, made by
+// fl_sim_alloc_new; they live as long as the process): the PrivateUse1 allocator (a
+// DeviceAllocator, for torch.accelerator's memory questions), the CPU allocator that a native
+// kernel's CPU kernel allocates sim memory through, and the pinned host allocator of the
+// accelerator. 0, or 2 on an error (fl_sim_error says which).
+int fl_sim_install_memory(void** allocators, int count) {
   using namespace flsim;
   try {
+    if (count != g_devices.load()) {
+      g_error = "expected " + std::to_string(g_devices.load()) + " allocators, got " + std::to_string(count);
+      return 2;
+    }
+    for (int i = 0; i < count; ++i) g_allocators[i] = static_cast<CachingAllocator*>(allocators[i]);
     if (g_cpu_allocator.host == nullptr) {
       g_cpu_allocator.host = g_host_allocator = c10::GetCPUAllocator();
       c10::SetCPUAllocator(&g_cpu_allocator, 255);
