@@ -37,9 +37,11 @@ current device, which PyTorch's C++ side then sees too; None: the sim's own thre
 
 
 def use_cpp(runtime: object) -> None:
-    """Make ``runtime`` (a registered :class:`.cpp.CppRuntime`) hold the current device."""
+    """Make ``runtime`` (a registered :class:`.cpp.CppRuntime`) hold the current device, and tell
+    this module when it uses the devices first."""
     global _cpp
     _cpp = runtime
+    runtime.on_first_use(_runtime_began_use)
 
 
 def cpp_runtime() -> object:
@@ -193,7 +195,8 @@ _IDLE, _IN_USE, _BAD_FORK = "idle", "in use", "forked after use"
 _use = _IDLE
 """Whether the devices were used in this process, as an accelerator's runtime initialises lazily:
 idle until first use, in use from then on; in a child forked from a process that had used them,
-poisoned (an accelerator's context does not survive ``fork``)."""
+poisoned (an accelerator's context does not survive ``fork``). The C++ runtime, whose allocations
+use the devices without Python, tells :func:`_runtime_began_use` of its first."""
 
 
 def begin_use() -> None:
@@ -208,7 +211,13 @@ def begin_use() -> None:
                 "multiprocessing, you must use the 'spawn' start method")
         _use = _IN_USE
         if _cpp is not None:
-            _cpp.mark_used(True)
+            _cpp.mark_used()
+
+
+def _runtime_began_use() -> None:
+    global _use
+    if _use is _IDLE:
+        _use = _IN_USE
 
 
 def in_use() -> bool:
@@ -223,10 +232,8 @@ def in_bad_fork() -> bool:
 
 def _after_fork_in_child() -> None:
     global _use
-    if _use is _IN_USE:
+    if _use is _IN_USE:  # (the C++ runtime's own handler does the same for its state)
         _use = _BAD_FORK
-        if _cpp is not None:
-            _cpp.mark_used(False)
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -69,7 +69,7 @@ class CppRuntime:
         library.fl_sim_register.argtypes = [ctypes.c_int, ctypes.c_int]
         library.fl_sim_error.restype = ctypes.c_char_p
         library.fl_sim_set_device.argtypes = [ctypes.c_int]
-        library.fl_sim_mark_used.argtypes = [ctypes.c_int]
+        library.fl_sim_mark_used.argtypes = []
         library.fl_sim_is_pinned.argtypes = [ctypes.c_void_p]
         library.fl_sim_current_stream.argtypes = [ctypes.c_int]
         library.fl_sim_current_stream.restype = ctypes.c_int64
@@ -89,6 +89,7 @@ class CppRuntime:
         self._py.fl_sim_pause_counting.restype = None
         self._py.fl_sim_set_graphs.argtypes = [ctypes.py_object]
         self._py.fl_sim_set_dtypes.argtypes = [ctypes.py_object]
+        self._py.fl_sim_set_first_use.argtypes = [ctypes.py_object]
         self.current_stream = library.fl_sim_current_stream
         self.exchange_stream = library.fl_sim_exchange_stream
         self.current_device = library.fl_sim_current_device
@@ -162,9 +163,14 @@ class CppRuntime:
         if self._set_device(index) != 0:
             raise RuntimeError(f"invalid device index {index}")
 
-    def mark_used(self, used: bool) -> None:
-        """Record whether the devices were used in this process (the hooks' primary context)."""
-        self._lib.fl_sim_mark_used(int(used))
+    def mark_used(self) -> None:
+        """Record that the devices were used in this process (the hooks' primary context)."""
+        self._lib.fl_sim_mark_used()
+
+    def on_first_use(self, noted: Callable[[], None]) -> None:
+        """Call ``noted()`` once, when the runtime itself (an allocation) uses the devices before
+        Python did."""
+        self._py.fl_sim_set_first_use(noted)
 
     def is_pinned(self, address: int) -> bool:
         """Whether ``address`` lies inside a block of the pinned host allocator."""

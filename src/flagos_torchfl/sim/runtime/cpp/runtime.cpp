@@ -435,10 +435,28 @@ void check_fork() {
               " with multiprocessing, you must use the 'spawn' start method");
 }
 
+// Python's note of the devices' first use (fl_sim_set_first_use), called once when the runtime
+// uses them first (an allocation) rather than Python.
+PyObject* g_py_first_use = nullptr;
+
+void note_use() {
+  if (g_used.load(std::memory_order_relaxed) || g_used.exchange(true)) return;
+  if (g_py_first_use == nullptr || !Py_IsInitialized() || _Py_IsFinalizing()) return;
+  AllocateOn host(-1);
+  PyGILState_STATE gil = PyGILState_Ensure();
+  PyObject *type, *value, *trace;
+  PyErr_Fetch(&type, &value, &trace);
+  PyObject* done = PyObject_CallNoArgs(g_py_first_use);
+  if (done == nullptr) PyErr_WriteUnraisable(g_py_first_use);
+  Py_XDECREF(done);
+  PyErr_Restore(type, value, trace);
+  PyGILState_Release(gil);
+}
+
 // `nbytes` of sim memory of device `device`, as a DataPtr that says `on`.
 c10::DataPtr sim_block(int device, size_t nbytes, c10::Device on) {
   check_fork();
-  g_used.store(true);
+  note_use();
   void* ptr = g_allocators[device]->allocate(nbytes);
   if (ptr != nullptr) {
     std::lock_guard<std::mutex> hold(g_blocks_lock);
@@ -1076,7 +1094,10 @@ int fl_sim_register(int devices, int bfloat16) {
     torch::profiler::impl::registerPrivateUse1Methods(g_stubs);
     register_ddp_timer();
     pthread_atfork(nullptr, nullptr, [] {
-      if (flsim::g_used.load()) flsim::g_bad_fork.store(true);  // a device context does not survive fork
+      if (flsim::g_used.load()) {  // a device context does not survive fork
+        flsim::g_bad_fork.store(true);
+        flsim::g_used.store(false);
+      }
     });
     return 0;
   } catch (const std::exception& e) {
@@ -1097,7 +1118,16 @@ int fl_sim_set_device(int index) {
 }
 
 // The devices were used in this process (what CUDA's primary context records).
-void fl_sim_mark_used(int used) { flsim::g_used.store(used != 0); }
+void fl_sim_mark_used() { flsim::g_used.store(true); }
+
+// Call noted() (GIL held) once, when the runtime itself uses the devices first. GIL held.
+int fl_sim_set_first_use(PyObject* noted) {
+  Py_INCREF(noted);
+  PyObject* previous = flsim::g_py_first_use;
+  flsim::g_py_first_use = noted;
+  Py_XDECREF(previous);
+  return 0;
+}
 
 int fl_sim_is_pinned(const void* data) { return flsim::g_pinned.contains(data) ? 1 : 0; }
 
