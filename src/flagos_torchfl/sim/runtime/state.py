@@ -244,12 +244,7 @@ def start(num_devices: int, memory_limit: int | None, allocator_of: Callable[...
     and the allocator ``allocator_of(index, memory_limit, device_name)`` makes (the Python
     runtime's :class:`CachingAllocator` unless the C++ runtime's is given)."""
     _allocators[:] = [allocator_of(i, memory_limit, device_name) for i in range(num_devices)]
-    gens = []
-    for index in range(num_devices):
-        g = SimGenerator(index)
-        g.manual_seed(DEFAULT_SEED)
-        gens.append(g)
-    _generators[:] = gens
+    _generators[:] = [SimGenerator(index) for index in range(num_devices)]  # seeded with DEFAULT_SEED
 
 
 def set_device_type(name: str, device_name: str | None = None, bfloat16: bool = True) -> None:

@@ -1052,7 +1052,9 @@ uint64_t dtype_bits() {
 }
 #endif
 
-std::unique_ptr<torch::Library> g_library;
+// The C++ route's registrations, for the life of the process (never destroyed, as the device guard
+// and hooks are not: taking them out one by one at exit would only cost time).
+torch::Library* g_library = nullptr;
 
 Guard* g_guard = nullptr;
 Hooks* g_hooks = nullptr;
@@ -1270,9 +1272,8 @@ int fl_sim_set_fused_attention(int on) {
 int fl_sim_register_kernels(const char* names) {
   using namespace flsim;
   try {
-    if (!g_library) {
-      g_library = std::make_unique<torch::Library>(torch::Library::IMPL, "aten", c10::DispatchKey::PrivateUse1,
-                                                   __FILE__, __LINE__);
+    if (g_library == nullptr) {
+      g_library = new torch::Library(torch::Library::IMPL, "aten", c10::DispatchKey::PrivateUse1, __FILE__, __LINE__);
     }
     int count = 0;
     std::string all(names);
