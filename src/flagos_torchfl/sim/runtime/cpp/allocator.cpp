@@ -117,11 +117,14 @@ void* CachingAllocator::allocate(size_t nbytes, size_t* size_out) {
     reserved = stats_[kReservedBytes][0].current;
   }
   if (size_out != nullptr) *size_out = got;
-  if (c10::memoryProfilingEnabled()) {
-    c10::reportMemoryUsageToProfiler(ptr, static_cast<int64_t>(got), allocated, reserved,
-                                     c10::Device(c10::DeviceType::PrivateUse1, static_cast<c10::DeviceIndex>(index_)));
-  }
+  report(ptr, static_cast<int64_t>(got), allocated, reserved);
   return ptr;
+}
+
+void CachingAllocator::report(void* ptr, int64_t delta, int64_t allocated, int64_t reserved) const {
+  if (!c10::memoryProfilingEnabled()) return;
+  c10::reportMemoryUsageToProfiler(ptr, delta, allocated, reserved,
+                                   c10::Device(c10::DeviceType::PrivateUse1, static_cast<c10::DeviceIndex>(index_)));
 }
 
 Block* CachingAllocator::take_cached(size_t size, bool large, const PoolToken* token) {
@@ -235,10 +238,7 @@ bool CachingAllocator::release(void* ptr) {
     allocated = stats_[kAllocatedBytes][0].current;
     reserved = stats_[kReservedBytes][0].current;
   }
-  if (c10::memoryProfilingEnabled()) {
-    c10::reportMemoryUsageToProfiler(ptr, -static_cast<int64_t>(size), allocated, reserved,
-                                     c10::Device(c10::DeviceType::PrivateUse1, static_cast<c10::DeviceIndex>(index_)));
-  }
+  report(ptr, -static_cast<int64_t>(size), allocated, reserved);
   return true;
 }
 

@@ -133,6 +133,8 @@ class CachingAllocator {
   void merge(Block* block, Block* other);
   int64_t release_free_segments();
   void count_block(const Block* block, bool add);
+  // Tell a profiler that records memory on the calling thread that `delta` bytes at `ptr` changed.
+  void report(void* ptr, int64_t delta, int64_t allocated, int64_t reserved) const;
 
   const int index_;
   const std::string device_;

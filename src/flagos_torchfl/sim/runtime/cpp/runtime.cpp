@@ -67,7 +67,6 @@
 #include <mutex>
 #include <pthread.h>
 #include <string>
-#include <unordered_map>
 #include <vector>
 
 namespace flsim {
@@ -402,28 +401,17 @@ std::string python_error() {
   return (oom ? "\x01" : "") + message;
 }
 
-// The device of each block handed out, by address: a DataPtr's context is its address (what
-// raw_allocate, which some CPU kernels use, requires).
-std::mutex g_blocks_lock;
-std::unordered_map<void*, int> g_blocks;
+// A DataPtr's context is its address (what raw_allocate, which some CPU kernels use, requires):
+// the device allocator that handed the block out knows it by that address.
 c10::Allocator* g_host_allocator = nullptr;  // the CPU allocator g_cpu_allocator replaced
 
 void sim_delete(void* ptr) {
   if (ptr == nullptr) return;
-  int device = -1;
-  {
-    std::lock_guard<std::mutex> hold(g_blocks_lock);
-    auto it = g_blocks.find(ptr);
-    if (it != g_blocks.end()) {
-      device = it->second;
-      g_blocks.erase(it);
-    }
+  const int n = g_devices.load();
+  for (int i = 0; i < n; ++i) {
+    if (g_allocators[i] != nullptr && g_allocators[i]->release(ptr)) return;
   }
-  if (device < 0) {  // host memory handed out through raw_allocate
-    g_host_allocator->raw_deleter()(ptr);
-    return;
-  }
-  g_allocators[device]->release(ptr);
+  g_host_allocator->raw_deleter()(ptr);  // host memory handed out through raw_allocate
 }
 
 // In a child forked after the devices were used, every use fails as an accelerator's does.
@@ -458,10 +446,6 @@ c10::DataPtr sim_block(int device, size_t nbytes, c10::Device on) {
   check_fork();
   note_use();
   void* ptr = g_allocators[device]->allocate(nbytes);
-  if (ptr != nullptr) {
-    std::lock_guard<std::mutex> hold(g_blocks_lock);
-    g_blocks[ptr] = device;
-  }
   return {ptr, ptr, &sim_delete, on};
 }
 
