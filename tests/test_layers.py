@@ -10,7 +10,7 @@ from tests.helpers import ROOT
 
 SRC = ROOT / "src" / "flagos_torchfl"
 #: package -> the packages of flagos_torchfl it may import (besides errors, log, variables, config, compat, data_files, selection_view, patching,
-#: autoload, atomic_file, inline, optimizer_steps)
+#: registrations, autoload, atomic_file, inline, optimizer_steps)
 ALLOWED = {
     "aten": set(),
     "sim": {"aten"},
@@ -23,6 +23,7 @@ ALLOWED = {
     "surface": {"backends", "sim", "machine"},
 }
 BASE = {"errors", "log", "variables", "config", "compat", "autoload", "atomic_file", "inline", "optimizer_steps",
+        "registrations",
         "data_files", "selection_view", "patching"}
 
 
@@ -79,6 +80,7 @@ def test_the_sims_parts_import_only_lower_ones(part):
 #: modules and what lies in a lower layer, nothing beside or above it (docs/design.md, "Layers")
 LAYERS = (
     ("base", {"errors", "autoload", "compat", "entry_points", "inline", "optimizer_steps", "version", "data_files", "selection_view", "patching",
+              "registrations",
               "active", "config", "log", "variables", "atomic_file", "checkpoint_files"}),
     ("operators", {"aten"}),
     ("simulated device", {"sim"}),

@@ -8,6 +8,7 @@ two operators is cast twice. Results are the same; the cost is one extra cast pe
 """
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable
 
 import torch
@@ -48,22 +49,26 @@ def cast_all(dtype_of: Callable[[], torch.dtype], device_type: str) -> Rule:
     return rule
 
 
+@functools.lru_cache(maxsize=None)
 def lower_precision(device_type: str) -> Rule:
-    """Policy ``lower_precision_fp``: inputs to the autocast dtype in force."""
+    """Policy ``lower_precision_fp``: inputs to the autocast dtype in force (one rule per device
+    type, shared by its operators)."""
     return cast_all(lambda: compat.autocast_dtype(device_type), device_type)
 
 
+@functools.lru_cache(maxsize=None)
 def fixed(dtype: torch.dtype, device_type: str) -> Rule:
-    """Policy ``fp32`` (with ``torch.float32``), or any fixed dtype."""
+    """Policy ``fp32`` (with ``torch.float32``), or any fixed dtype (one rule per dtype and
+    device type, shared by its operators)."""
     return cast_all(lambda: dtype, device_type)
 
 
 def set_opt_dtype(device_type: str, name: str) -> Rule:
     """Policy ``fp32_set_opt_dtype`` (softmax, sum, cumsum ...): when the first input is eligible
     and the caller gave no ``dtype``, run with ``dtype=torch.float32``; otherwise unchanged."""
-    from ._dispatch import overload_packet
+    from ._dispatch import schema
 
-    arguments = overload_packet(name)._schema.arguments
+    arguments = schema(name).arguments
     index = next(i for i, a in enumerate(arguments) if a.name == "dtype")
     positional = not arguments[index].kwarg_only
 
@@ -82,16 +87,14 @@ def set_opt_dtype(device_type: str, name: str) -> Rule:
 def append_dtype(device_type: str, name: str, target: str) -> Rule:
     """Policy ``fp32_append_dtype`` (``norm``): call ``target``, the overload taking a ``dtype``,
     with float32 when the first input is eligible, else with the first input's dtype."""
-    from ._dispatch import overload_packet
+    from ._dispatch import overload_packet, schema
 
-    arguments = overload_packet(name)._schema.arguments
-    defaults = [a.default_value for a in arguments]
-    redispatch = overload_packet(target)
+    defaults = [a.default_value for a in schema(name).arguments]
 
     def rule(op, args, kwargs):
         full = list(args) + defaults[len(args):]
         dtype = torch.float32 if eligible(args[0], device_type) else args[0].dtype
-        return redispatch(*full, dtype=dtype)
+        return overload_packet(target)(*full, dtype=dtype)
     return rule
 
 

@@ -19,6 +19,7 @@ from typing import Any, Callable, Dict, List, Tuple
 import torch
 
 from .. import compat
+from ..registrations import keep_at_exit
 
 Rule = Callable[[Any, tuple, dict], Any]
 
@@ -54,20 +55,59 @@ def overload_packet(name: str):
 
 
 class _Slot:
+    """The kernel of one (key, operator) and its stack of rules. The registration is a bare
+    dispatcher library (``torch._C._dispatch_library``, what ``torch.library.Library`` wraps):
+    dropping it deregisters the kernel, and it costs no Python bookkeeping or finalizer."""
+    __slots__ = ("key", "name", "op", "rules", "handle", "__weakref__")
+
     def __init__(self, dispatch_key: str, name: str):
-        self.key = getattr(torch._C.DispatchKey, dispatch_key)
-        self.op = overload_packet(name)
+        self.key = torch._C.DispatchKeySet(getattr(torch._C.DispatchKey, dispatch_key))
+        self.name = name
+        self.op = None  # the OpOverload, found at the first call (finding it costs at activation)
         self.rules: List[Tuple[int, Rule]] = []
-        self.library = torch.library.Library(name.partition("::")[0], "IMPL")
+        namespace, _, op_name = name.partition("::")
+        self.handle = torch._C._dispatch_library("IMPL", namespace, "", __file__, 0)
         with warnings.catch_warnings():
             # Replacing a C++ autocast kernel warns; the replacement is the point here.
             warnings.simplefilter("ignore")
-            self.library.impl(name, self._kernel, dispatch_key)
+            self.handle.impl(op_name, dispatch_key, self)
 
-    def _kernel(self, *args, **kwargs):
+    def __call__(self, *args, **kwargs):
         rule = self.rules[-1][1]
-        with torch._C._ExcludeDispatchKeyGuard(torch._C.DispatchKeySet(self.key)):
+        if self.op is None:
+            self.op = overload_packet(self.name)
+        with torch._C._ExcludeDispatchKeyGuard(self.key):
             return rule(self.op, args, kwargs)
+
+    def destroy(self) -> None:
+        """Deregister the kernel: the key's kernel before it (a C++ one, or none) serves again."""
+        handle, self.handle = self.handle, None
+        reset = getattr(handle, "reset", None)  # torch 2.1's library handle has none: dropping it is enough
+        if reset is not None:
+            reset()
+
+
+class _Removal:
+    """The undo of one :func:`push`: takes its rule off the stack (idempotent)."""
+    __slots__ = ("slot", "token", "where")
+
+    def __init__(self, slot: _Slot, token: int, where: Tuple[str, str]):
+        self.slot, self.token, self.where = slot, token, where
+
+    def __call__(self) -> None:
+        with _lock:
+            slot = self.slot
+            slot.rules[:] = [r for r in slot.rules if r[0] != self.token]
+            if not slot.rules and _slots.get(self.where) is slot:
+                del _slots[self.where]
+                slot.destroy()
+
+
+def schema(name: str) -> torch._C.FunctionSchema:
+    """The schema of overload ``name`` (``"aten::softmax.int"``), read from the dispatcher
+    without building its Python packet."""
+    op, _, overload = name.partition(".")
+    return torch._C._get_schema(op, overload)
 
 
 def is_ours(dispatch_key: str, name: str) -> bool:
@@ -78,18 +118,11 @@ def is_ours(dispatch_key: str, name: str) -> bool:
 def push(dispatch_key: str, name: str, rule: Rule) -> Callable[[], None]:
     """Make ``rule`` the active autocast rule of operator ``name`` at ``dispatch_key``; returns
     the function that removes it again (idempotent; rules may be removed in any order)."""
+    where = (dispatch_key, name)
     with _lock:
-        slot = _slots.get((dispatch_key, name))
+        slot = _slots.get(where)
         if slot is None:
-            slot = _slots[(dispatch_key, name)] = _Slot(dispatch_key, name)
+            slot = _slots[where] = keep_at_exit(_Slot(dispatch_key, name))
         token = next(_counter)
         slot.rules.append((token, rule))
-
-    def remove() -> None:
-        with _lock:
-            slot.rules[:] = [r for r in slot.rules if r[0] != token]
-            if not slot.rules and _slots.get((dispatch_key, name)) is slot:
-                del _slots[(dispatch_key, name)]
-                compat.destroy_library(slot.library)
-
-    return remove
+    return _Removal(slot, token, where)

@@ -44,6 +44,7 @@ import torch
 from .. import compat
 from .devices import Target
 from ..patching import Patcher
+from ..registrations import keep_at_exit
 from .patches import patch_function
 
 _CUDA = "CUDA"
@@ -129,7 +130,7 @@ def patch_cuda_device_operators(target: Target, patcher: Patcher) -> None:
                         and torch._C._dispatch_has_computed_kernel_for_dispatch_key(name, _CUDA) else None)
             namespace = name.partition("::")[0]
             if namespace not in libraries:
-                libraries[namespace] = torch.library.Library(namespace, "IMPL")
+                libraries[namespace] = keep_at_exit(torch.library.Library(namespace, "IMPL"))
             libraries[namespace].impl(name.partition("::")[2], _device_kernel(target, name, replaced),
                                       _CUDA, with_keyset=True)
             _DEVICE_KERNELS.add(_impls_entry(name, _CUDA))
@@ -216,7 +217,7 @@ class _Mirrors:
                 return
             if _is_triton_op(qualname) and not self.runs_triton:
                 kernel, with_keyset = self._refusal(qualname), False
-            library = torch.library.Library(qualname.partition("::")[0], "FRAGMENT")
+            library = keep_at_exit(torch.library.Library(qualname.partition("::")[0], "FRAGMENT"))
             keyset = {"with_keyset": True} if with_keyset else {}  # torch 2.1's impl takes no with_keyset
             library.impl(qualname.partition("::")[2], kernel, self.key, **keyset)
             self.libraries[qualname] = library
@@ -227,7 +228,7 @@ class _Mirrors:
         with self.lock:
             if self.runs_triton or qualname in self.libraries:
                 return
-            library = torch.library.Library(qualname.partition("::")[0], "FRAGMENT")
+            library = keep_at_exit(torch.library.Library(qualname.partition("::")[0], "FRAGMENT"))
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 library.impl(qualname.partition("::")[2], self._refusal(qualname), self.key)

@@ -19,6 +19,7 @@ import torch
 from .. import compat
 from ..errors import OperatorNotSupportedError
 from ..log import get_logger
+from ..registrations import keep_at_exit
 from ..aten import dispatcher
 from ..aten.dtypes import call_signature, dtype_mask, dtype_names, dtypes_of
 from . import composite, fallback, schema
@@ -367,7 +368,7 @@ class Router:
         composite.table()
         use_fallback, per_op = self.plan(mechanism)
         key = self.policy.dispatch_key
-        lib = torch.library.Library("aten", "IMPL")
+        lib = keep_at_exit(torch.library.Library("aten", "IMPL"))
         self._libs.append(lib)
         for name, why in sorted(per_op.items()):
             if name in self.policy.native:  # overriding the chip's kernel on purpose
@@ -378,7 +379,7 @@ class Router:
                 self._register(lib, name, key)
             self.registered[name] = why
         if use_fallback:
-            flib = torch.library.Library("_", "IMPL")
+            flib = keep_at_exit(torch.library.Library("_", "IMPL"))
             flib.fallback(self._fallback_kernel, key)
             self._libs.append(flib)
             self.uses_fallback = True

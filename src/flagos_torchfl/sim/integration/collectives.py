@@ -68,6 +68,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from ...errors import ConfigError
+from ...registrations import keep_at_exit
 from ..runtime.tensors import host_view
 
 __all__ = ["register", "registered", "bytes_staged", "stats", "reset", "STAGED_OPS"]
@@ -227,7 +228,7 @@ def _create_backend(common_opts: Any, backend_opts: Any) -> Any:
 
 
 def _register_kernels() -> torch.library.Library:
-    library = torch.library.Library("c10d", "IMPL")
+    library = keep_at_exit(torch.library.Library("c10d", "IMPL"))
     with warnings.catch_warnings():
         # torch warns that a kernel replaces the PrivateUse1 one from c10d's Ops.cpp: intended.
         warnings.simplefilter("ignore")

@@ -14,6 +14,7 @@ import torch.serialization
 from ... import compat
 from ...aten.dispatcher import has_backend_fallback, tagged, with_generator
 from ...errors import BackendUnavailableError, PrivateUse1ClaimedError
+from ...registrations import keep_at_exit
 from ..operators import kernels, quantized, sparse
 from ..runtime import cpp, state, tensors
 from ..runtime.allocator import CachingAllocator
@@ -104,20 +105,22 @@ def _register_python_kernels(library: torch.library.Library, names: Iterable[str
     first call (building one reads the overload's schema through its Python packet, which costs
     milliseconds apiece at activation)."""
     for name in sorted(names):
-        library.impl(name[len("aten::"):], _built_at_first_call(name), "PrivateUse1")
+        library.impl(name[len("aten::"):], _BuiltAtFirstCall(name), "PrivateUse1")
 
 
-def _built_at_first_call(name: str):
-    kernel = None
+class _BuiltAtFirstCall:
+    """The Python kernel of one overload, built (:func:`kernels.kernel_for`, observed) when it is
+    first called. One small object per overload: the sim registers some hundreds at start."""
+    __slots__ = ("name", "kernel")
 
-    def run(*args, **kwargs):
-        nonlocal kernel
+    def __init__(self, name: str):
+        self.name, self.kernel = name, None
+
+    def __call__(self, *args, **kwargs):
+        kernel = self.kernel
         if kernel is None:
-            kernel = kernels._observed(name, kernels.kernel_for(name))
+            kernel = self.kernel = kernels._observed(self.name, kernels.kernel_for(self.name))
         return kernel(*args, **kwargs)
-
-    run.__name__ = run.__qualname__ = f"sim_{name[len('aten::'):].replace('.', '_')}"
-    return run
 
 
 #: operators torch tags random that draw no number: the attention's choice of kernel, and the
@@ -249,7 +252,7 @@ def claim(num_devices: int, memory_limit: int | None, native: Iterable[str],
         _register_cpp(cpp_runtime, num_devices, bfloat16)
     else:
         _register_python_guard()
-    library = torch.library.Library("aten", "IMPL")
+    library = keep_at_exit(torch.library.Library("aten", "IMPL"))
     in_cpp = cpp_route(native) if cpp_runtime is not None else frozenset()
     _register_python_kernels(library, frozenset(native) - in_cpp)
     if in_cpp:
@@ -310,7 +313,7 @@ def _autocast_fallthrough() -> torch.library.Library | None:
     that key) stay free for others to register."""
     if has_backend_fallback("AutocastPrivateUse1"):
         return None
-    library = torch.library.Library("_", "IMPL")
+    library = keep_at_exit(torch.library.Library("_", "IMPL"))
     library.fallback(torch.library.fallthrough_kernel, "AutocastPrivateUse1")
     return library
 

@@ -35,6 +35,7 @@ import torch
 import torch.autograd.variable
 
 from ...patching import Patcher, generator_class
+from ...registrations import keep_at_exit
 from ..runtime import state, tensors
 
 
@@ -276,7 +277,7 @@ def pinned_memory(needs: Needs, patcher: Patcher) -> None:
         return bool(getattr(self.untyped_storage(), "_fl_pinned", False))
 
     def register() -> None:
-        library = torch.library.Library("aten", "IMPL")
+        library = keep_at_exit(torch.library.Library("aten", "IMPL"))
         library.impl("_pin_memory", _pin_memory, "CPU")
         library.impl("is_pinned", is_pinned, "CPU")
         held.append(library)

@@ -19,6 +19,7 @@ from typing import Any, Callable, Iterable, Optional
 import torch
 
 from ...aten.dispatcher import has_kernel
+from ...registrations import keep_at_exit
 from ..runtime import state
 
 
@@ -82,7 +83,7 @@ class LazyKey:
 
     def install(self, keep_alive: list) -> None:
         """Register the fallback on the key; its library goes to ``keep_alive``."""
-        fallback = torch.library.Library("_", "IMPL")
+        fallback = keep_at_exit(torch.library.Library("_", "IMPL"))
         fallback.fallback(self._first_call, self.key, with_keyset=True)
         keep_alive.append(fallback)
 
@@ -90,7 +91,7 @@ class LazyKey:
         name = op.name()
         with self._lock:
             if self._library is None:
-                library = torch.library.Library("aten", "IMPL")
+                library = keep_at_exit(torch.library.Library("aten", "IMPL"))
                 self.register(library)
                 self._library = library
         if not has_kernel(name, self.key):
