@@ -32,7 +32,6 @@ from .api import (  # noqa: E402
     init_backend, set_setting,
 )
 from .backends import get_backend, register_backend  # noqa: E402
-from .checkpoint import info as checkpoint_info, load, save  # noqa: E402
 from .errors import (  # noqa: E402
     ActivationError, AlreadyInitializedError, BackendUnavailableError, ConfigError, DeviceOrdinalError,
     CheckpointError, FlagOSError,
@@ -53,7 +52,9 @@ __all__ = [
 ]
 
 #: public functions imported on first use (importing the package stays cheap): name -> module
+#: (``module:name`` where the module calls it otherwise)
 _LAZY = {
+    "save": "checkpoint", "load": "checkpoint", "checkpoint_info": "checkpoint:info",
     "memory_stats": "memory", "memory_summary": "memory", "memory_pool_defrag": "memory",
     "set_op_precision": "precision.apply", "check_finite": "precision.apply",
     "precision_check": "precision.check",
@@ -83,7 +84,8 @@ class _Package(types.ModuleType):
         if name in _LAZY:
             import importlib
 
-            value = getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
+            module, _, attribute = _LAZY[name].partition(":")
+            value = getattr(importlib.import_module(f"{__name__}.{module}"), attribute or name)
             super().__setattr__(name, value)
             return value
         raise AttributeError(f"module 'flagos_torchfl' has no attribute {name!r}")

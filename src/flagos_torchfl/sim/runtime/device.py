@@ -24,7 +24,7 @@ import torch
 
 from ...aten import dispatcher
 from ...inline import InlineEvent, InlineStream
-from . import graphs, state, tensors
+from . import state, tensors
 
 __all__ = [
     "is_available", "is_initialized", "init", "device_count", "current_device", "set_device", "device",
@@ -127,7 +127,10 @@ def synchronize(device: Any = None) -> None:
     """Wait for all work on ``device``: returns at once, since sim work runs inline. Refused
     while a graph capture forbids it (:func:`.graphs.check_not_capturing`)."""
     _index(device)
-    graphs.check_not_capturing(_graph_api().runtime)
+    if _graph_api.cache_info().currsize:  # without the graph API built no capture is underway
+        from . import graphs
+
+        graphs.check_not_capturing(_graph_api().runtime)
     state.begin_use()
 
 
@@ -460,7 +463,10 @@ def stream(stream: Stream | None) -> StreamContext:
 @functools.lru_cache(maxsize=None)
 def _graph_api() -> graphs.GraphAPI:
     """The graph API of the device type the sim was installed as (its name in the graph class
-    and the runtime's messages: ``NPUGraph``, "NPU error: ...")."""
+    and the runtime's messages: ``NPUGraph``, "NPU error: ..."), built (and :mod:`.graphs`
+    imported) when a program first asks for graphs."""
+    from . import graphs
+
     name = state.DEVICE_TYPE.upper()
     return graphs.GraphAPI(graphs.GraphRuntime(name, state.DEVICE_TYPE, sys.modules[__name__],
                                                tensors.host_view))

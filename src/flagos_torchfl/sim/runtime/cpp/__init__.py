@@ -21,7 +21,6 @@ import hashlib
 import os
 import shutil
 import subprocess
-import sysconfig
 import tempfile
 from pathlib import Path
 from typing import Callable, Optional, Sequence
@@ -199,6 +198,8 @@ def load(cache_dir: Optional[Path] = None, timeout: float = BUILD_TIMEOUT) -> Cp
     folder = (cache_dir or default_cache_dir()) / build_key(compiler, torch_dir, torch.__version__)
     library = folder / LIBRARY_NAME
     if not library.exists():
+        import sysconfig  # only to build: imported at every start it costs more than loading
+
         headers = Path(sysconfig.get_paths()["include"]) / "Python.h"
         if not headers.exists():
             raise CppUnavailable(f"Python's C headers are not installed ({headers} is missing; install the "
@@ -277,6 +278,8 @@ def compile_command(compiler: str, torch_dir: Path, output: Path) -> list[str]:
     include = torch_dir / "include"
     lib = torch_dir / "lib"
     abi = int(bool(getattr(torch._C, "_GLIBCXX_USE_CXX11_ABI", True)))
+    import sysconfig
+
     python_include = sysconfig.get_paths()["include"]
     return [compiler, "-O2", "-std=c++20", "-fPIC", "-shared", f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
             f"-I{include}", f"-I{include / 'torch' / 'csrc' / 'api' / 'include'}", f"-I{python_include}",
