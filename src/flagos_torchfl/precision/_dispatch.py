@@ -66,7 +66,7 @@ class _Slot:
         self.op = None  # the OpOverload, found at the first call (finding it costs at activation)
         self.rules: List[Tuple[int, Rule]] = []
         namespace, _, op_name = name.partition("::")
-        self.handle = torch._C._dispatch_library("IMPL", namespace, "", __file__, 0)
+        self.handle = torch._C._dispatch_library("IMPL", namespace, "")
         with warnings.catch_warnings():
             # Replacing a C++ autocast kernel warns; the replacement is the point here.
             warnings.simplefilter("ignore")
