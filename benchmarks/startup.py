@@ -17,7 +17,10 @@ not become the children's floor.
 - (b) ``python empty.py`` (a script holding ``import torch``) against
   ``python -m flagos_torchfl run empty.py`` (automatic selection: the cpu backend here);
 - (c) a script iterating a DataLoader with 2 spawned workers (each worker a fresh interpreter
-  that imports torch; under ``run`` each one is activated too), plain against under ``run``.
+  that imports torch; under ``run`` each one is activated too), plain against under ``run``;
+- (x) the exit alone: the sides of (a), each timed from its program's last line (a byte it
+  writes) to the end of its process (exit handlers, the interpreter's teardown); the CPU-time
+  ratio is left out (it would be the whole process's).
 
 Before timing, the package's bytecode is compiled (``compileall``), as an installed package has
 it: with ``PYTHONDONTWRITEBYTECODE=1`` the sources would otherwise be compiled on every import.
@@ -25,7 +28,7 @@ it: with ``PYTHONDONTWRITEBYTECODE=1`` the sources would otherwise be compiled o
 the checkout's ``src`` first to measure that tree). The machine's load average is printed
 before and after.
 
-    python benchmarks/startup.py [--pairs 9] [--only a,a+,b,c]
+    python benchmarks/startup.py [--pairs 9] [--only a,a+,b,c,x]
 """
 from __future__ import annotations
 
@@ -55,6 +58,8 @@ LOADER = textwrap.dedent('''\
 ACTIVATE = "import torch, flagos_torchfl as ft; ft.auto_select_backend()"
 #: the first lines of a program: 20,000 new objects the collector tracks
 BEGUN = "; objects = [[] for _ in range(20000)]"
+#: the program's last line in (x): one byte on its standard output, from which its exit is timed
+LAST_LINE = "; import os; os.write(1, b'.')"
 RUN = [sys.executable, "-m", "flagos_torchfl", "run"]
 
 
@@ -72,30 +77,41 @@ def cases(folder: Path) -> dict:
                    {"FL_BACKEND": "cpu"}),
         "a+-sim": ("the same, then 20,000 objects, sim", begun, [sys.executable, "-c", ACTIVATE + BEGUN],
                    {"FL_BACKEND": "sim"}),
+        "x-cpu": ("exit alone, cpu", [sys.executable, "-c", "import torch" + LAST_LINE],
+                  [sys.executable, "-c", ACTIVATE + LAST_LINE], {"FL_BACKEND": "cpu"}),
+        "x-sim": ("exit alone, sim", [sys.executable, "-c", "import torch" + LAST_LINE],
+                  [sys.executable, "-c", ACTIVATE + LAST_LINE], {"FL_BACKEND": "sim"}),
         "b": ("python empty.py vs run empty.py", [sys.executable, str(empty)], [*RUN, str(empty)], {}),
         "c": ("DataLoader, 2 spawned workers, vs run", [sys.executable, str(loader)], [*RUN, str(loader)], {}),
     }
 
 
-def sample(argv, env) -> tuple:
-    """(wall seconds, CPU seconds, peak resident bytes) of one fresh process tree running ``argv``."""
+def sample(argv, env, exit_only: bool = False) -> tuple:
+    """(wall seconds, CPU seconds, peak resident bytes) of one fresh process tree running ``argv``;
+    ``exit_only``: the wall time from the byte the program writes last to the process's end."""
     start = time.perf_counter()
-    proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE if exit_only else subprocess.DEVNULL,
+                            stderr=subprocess.PIPE)
+    if exit_only:
+        proc.stdout.read(1)
+        start = time.perf_counter()
     _, status, usage = os.wait4(proc.pid, 0)
     wall = time.perf_counter() - start
     proc.returncode = os.waitstatus_to_exitcode(status)
     error = proc.stderr.read().decode(errors="replace")
     proc.stderr.close()
+    if exit_only:
+        proc.stdout.close()
     if proc.returncode != 0:
         raise SystemExit(f"{' '.join(argv)} failed (exit {proc.returncode}):\n{error[-3000:]}")
     return wall, usage.ru_utime + usage.ru_stime, usage.ru_maxrss * 1024
 
 
-def measure(plain, activated, env, pairs: int) -> dict:
+def measure(plain, activated, env, pairs: int, exit_only: bool = False) -> dict:
     rows = []
     for i in range(pairs):
         order = (("plain", plain), ("activated", activated))
-        got = dict((name, sample(argv, env)) for name, argv in (order if i % 2 == 0 else order[::-1]))
+        got = dict((name, sample(argv, env, exit_only)) for name, argv in (order if i % 2 == 0 else order[::-1]))
         rows.append(got)
     ratios = [r["activated"][0] / r["plain"][0] for r in rows]
     median = statistics.median
@@ -117,7 +133,8 @@ def environment() -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--pairs", type=int, default=9)
-    parser.add_argument("--only", default="a,a+,b,c", help="comma-separated: a, a+, b, c (a = a-cpu and a-sim)")
+    parser.add_argument("--only", default="a,a+,b,c,x",
+                        help="comma-separated: a, a+, b, c, x (a = a-cpu and a-sim; x likewise)")
     args = parser.parse_args()
     spec = importlib.util.find_spec("flagos_torchfl")  # found, not imported (nor is torch)
     package = os.path.dirname(spec.origin)
@@ -134,9 +151,11 @@ def main() -> None:
         for name, (label, plain, activated, extra) in cases(Path(folder)).items():
             if name.split("-")[0] not in wanted:
                 continue
-            r = measure(plain, activated, {**environment(), **extra}, args.pairs)
+            exit_only = name.startswith("x")
+            r = measure(plain, activated, {**environment(), **extra}, args.pairs, exit_only)
+            cpu = "–" if exit_only else f"{r['cpu_ratio']:.3f}"
             print(f"| ({name}) {label} | {r['plain_s']:.3f} | {r['activated_s']:.3f} | {r['ratio']:.3f} | "
-                  f"{r['low']:.3f}–{r['high']:.3f} | {r['cpu_ratio']:.3f} | {r['plain_mib']:.1f} | {r['activated_mib']:.1f} |", flush=True)
+                  f"{r['low']:.3f}–{r['high']:.3f} | {cpu} | {r['plain_mib']:.1f} | {r['activated_mib']:.1f} |", flush=True)
     print("\nload average after: %.2f %.2f %.2f" % os.getloadavg())
 
 
