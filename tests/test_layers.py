@@ -23,7 +23,7 @@ ALLOWED = {
     "surface": {"backends", "sim", "machine"},
 }
 BASE = {"errors", "log", "variables", "config", "compat", "autoload", "atomic_file", "inline", "optimizer_steps",
-        "registrations",
+        "registrations", "threads",
         "data_files", "selection_view", "patching"}
 
 
@@ -80,7 +80,7 @@ def test_the_sims_parts_import_only_lower_ones(part):
 #: modules and what lies in a lower layer, nothing beside or above it (docs/design.md, "Layers")
 LAYERS = (
     ("base", {"errors", "autoload", "compat", "entry_points", "inline", "optimizer_steps", "version", "data_files", "selection_view", "patching",
-              "registrations",
+              "registrations", "threads",
               "active", "config", "log", "variables", "atomic_file", "checkpoint_files"}),
     ("operators", {"aten"}),
     ("simulated device", {"sim"}),

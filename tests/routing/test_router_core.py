@@ -104,6 +104,21 @@ def test_fallback_view_is_a_view_of_the_device_tensor(router):
     torch.testing.assert_close(host(dx), x)
 
 
+def test_fallback_out_takes_the_kernels_layout(router):
+    # linalg_lstsq's solution is a narrow of a column-major buffer on the CPU as on a device; a
+    # device tensor given another layout makes the backward's matmuls round differently
+    a, b = torch.randn(4, 3, generator=torch.Generator().manual_seed(2)), torch.randn(4, 3)
+    grads = []
+    for device in ("cpu", "sim"):
+        da, db = a.to(device).requires_grad_(), b.to(device).requires_grad_()
+        solution = torch.linalg.lstsq(da, db, driver="gels").solution
+        grads.append([solution.stride(), *(host(g) for g in torch.autograd.grad(solution, (da, db), torch.ones_like(solution)))])
+    assert {r["op"]: r for r in ft.routing_report()}["aten::linalg_lstsq.out"]["route"] == "fallback"
+    assert grads[1][0] == grads[0][0] == (1, 4)
+    for got, expected in zip(grads[1][1:], grads[0][1:]):
+        torch.testing.assert_close(got, expected, rtol=0, atol=0)
+
+
 def test_view_as_complex_is_a_composite_view(router, tmp_path):
     x = torch.randn(3, 2)
     dx = x.to("sim")

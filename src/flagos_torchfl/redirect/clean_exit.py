@@ -24,28 +24,16 @@ from __future__ import annotations
 
 import atexit
 import functools
-import os
 import threading
-import time
-from typing import Dict, Optional, Tuple
+from typing import Dict, Optional
 
-from ..log import get_logger
+from .. import threads
 from .devices import Target
 from ..patching import Patcher
 from .patches import patch_function
 
-log = get_logger("redirect")
-
 #: the name torch gives gloo's worker threads (``ProcessGroupGloo::runLoop``)
 WORKER_NAME = "pt_gloo_runloop"
-#: seconds a settle waits at most (a worker still computing a large collective keeps it waiting)
-LIMIT_S = 5.0
-#: seconds the GIL is released between two looks at the workers
-STEP_S = 0.002
-#: consecutive unchanged looks after which the workers count as settled
-QUIET_LOOKS = 2
-_TASKS = "/proc/self/task"
-
 #: {"active": True} while the patch is applied
 _state: dict = {}
 #: tid -> name of the threads born unnamed while c10d built a process group (gloo's workers where
@@ -53,28 +41,11 @@ _state: dict = {}
 _born: Dict[str, str] = {}
 
 
-def _threads() -> Optional[Dict[str, str]]:
-    """tid -> name (``/proc/self/task/N/comm``) of this process's threads; None where threads
-    cannot be listed."""
-    try:
-        tids = os.listdir(_TASKS)
-    except OSError:
-        return None
-    names = {}
-    for tid in tids:
-        try:
-            with open(f"{_TASKS}/{tid}/comm") as f:
-                names[tid] = f.read().strip()
-        except OSError:  # the thread ended meanwhile
-            continue
-    return names
-
-
 def _gloo_workers() -> Optional[list]:
     """Thread ids of gloo's worker threads in this process: those with torch's name for them and
     those recorded unnamed at a group's construction (still alive, still so named); None where
     threads cannot be listed."""
-    names = _threads()
+    names = threads.native_threads()
     if names is None:
         return None
     return sorted(tid for tid, name in names.items()
@@ -87,11 +58,11 @@ def _recording_births(original):
 
     @functools.wraps(original)
     def _new_process_group_helper(*args, **kwargs):
-        before = _threads()
+        before = threads.native_threads()
         try:
             return original(*args, **kwargs)
         finally:
-            after = _threads()
+            after = threads.native_threads()
             if before is not None and after is not None:
                 caller = after.get(str(threading.get_native_id()))
                 _born.update({tid: name for tid, name in after.items()
@@ -100,57 +71,10 @@ def _recording_births(original):
     return _new_process_group_helper
 
 
-def _look(tids: list) -> Dict[str, Tuple[str, str]]:
-    """tid -> (scheduler state, nanoseconds run so far) of each of ``tids`` still alive."""
-    seen = {}
-    for tid in tids:
-        try:
-            with open(f"{_TASKS}/{tid}/stat") as f:
-                state = f.read().rsplit(")", 1)[1].split()[0]
-            with open(f"{_TASKS}/{tid}/schedstat") as f:
-                ran = f.read().split()[0]
-        except (OSError, IndexError):
-            continue
-        seen[tid] = (state, ran)
-    return seen
-
-
-def settle(limit_s: float = LIMIT_S) -> bool:
-    """Release the GIL until gloo's worker threads have finished with every work they hold.
-
-    Settled means: over :data:`QUIET_LOOKS` consecutive intervals of :data:`STEP_S` seconds with the
-    GIL free, no worker was runnable and none ran (a worker waiting for the GIL takes it as soon as
-    it is free, and is runnable or has run until it is done). Returns True when settled (at once
-    where there are no workers), False after ``limit_s`` seconds. Where the threads cannot be
-    listed (no ``/proc``), it releases the GIL for :data:`QUIET_LOOKS` + 1 intervals and returns
-    True.
-    """
-    workers = _gloo_workers()
-    if workers is None:
-        for _ in range(QUIET_LOOKS + 1):
-            time.sleep(STEP_S)
-        return True
-    if not workers:
-        return True
-    start = time.monotonic()
-    before = _look(workers)
-    quiet = 0
-    while time.monotonic() - start < limit_s:
-        time.sleep(STEP_S)
-        now = _look(workers)
-        unchanged = now == {tid: seen for tid, seen in before.items() if tid in now}
-        if unchanged and all(state not in ("R", "D") for state, _ in now.values()):
-            quiet += 1
-            if quiet >= QUIET_LOOKS:
-                log.debug("gloo's %d worker threads settled in %.1f ms", len(workers),
-                          (time.monotonic() - start) * 1e3)
-                return True
-        else:
-            quiet = 0
-        before = now
-    log.warning("gloo's worker threads were still busy after %.1f s; the process may abort at exit "
-                "(torch 2.13 frees their works on their own threads)", limit_s)
-    return False
+def settle(limit_s: float = threads.LIMIT_S) -> bool:
+    """Release the GIL until gloo's worker threads have finished with every work they hold
+    (:func:`flagos_torchfl.threads.settle`); False when they were still busy after ``limit_s``."""
+    return threads.settle(_gloo_workers, "gloo's worker threads", limit_s)
 
 
 def _settle_at_exit() -> None:

@@ -2,10 +2,15 @@
 results back, keeping PyTorch's semantics:
 
 * in-place and ``out=`` arguments are written back into the caller's device tensors (resized
-  first when the host kernel resized them) and those very tensors are returned;
+  first when the host kernel resized them, given the kernel's layout when it chose one) and
+  those very tensors are returned;
 * an operator returning a view of an input returns a view of the *device* input with the
   geometry the operator gives (computed on the meta device, so no bytes move);
-* fresh results are copied to the device of the first device argument (or ``device=``).
+* fresh results are copied to the device of the first device argument (or ``device=``), with
+  the kernel's layout: a result that views part of a larger buffer (the solution of
+  ``linalg_lstsq``, a narrow of a column-major buffer, as every device's kernel returns it)
+  arrives as the same view of a copy of that buffer, so the operators after it see the strides
+  they would on the device, and round as there.
 
 Operators the CPU has no kernel for but has an equivalent of (``convolution_overrideable`` is
 ``convolution`` on the CPU) run as that equivalent.
@@ -81,6 +86,8 @@ class _Mover:
         self.bytes = 0
         self.device: Optional[torch.device] = None
         self._copies: Dict[int, torch.Tensor] = {}
+        #: the strides each host copy had before the kernel ran, by the copy's id
+        self._strides: Dict[int, Tuple[int, ...]] = {}
 
     def is_device_tensor(self, value: Any) -> bool:
         return isinstance(value, torch.Tensor) and value.device.type == self.device_type
@@ -94,6 +101,7 @@ class _Mover:
                 found = value.to("cpu")
                 self.bytes += value.numel() * value.element_size()
                 self._copies[id(value)] = found
+                self._strides[id(found)] = found.stride()
             return found
         if isinstance(value, torch.device) and value.type == self.device_type:
             if self.device is None:
@@ -107,8 +115,11 @@ class _Mover:
 
     def to_device(self, value: Any) -> Any:
         if isinstance(value, torch.Tensor):
-            self.bytes += value.numel() * value.element_size()
-            return value.to(self.device)
+            if _copy_keeps_layout(value):
+                self.bytes += value.numel() * value.element_size()
+                return value.to(self.device)
+            self.bytes += value.untyped_storage().nbytes()
+            return _with_its_buffer(value, self.device)
         if isinstance(value, (list, tuple)):
             return type(value)(self.to_device(v) for v in value)
         return value
@@ -117,11 +128,34 @@ class _Mover:
         if isinstance(target, torch.Tensor):
             if target.shape != host.shape:
                 target.resize_(host.shape)
+            if target.stride() != host.stride() and self._strides.get(id(host)) != host.stride():
+                # the kernel gave the output a layout of its own (``linalg_lstsq``'s solution, a
+                # narrow of a column-major buffer): the device tensor takes it, as from a device kernel
+                moved = self.to_device(host)
+                target.set_(moved.untyped_storage(), moved.storage_offset(), moved.shape, moved.stride())
+                return
             target.copy_(host)
             self.bytes += host.numel() * host.element_size()
         elif isinstance(target, (list, tuple)):
             for t, h in zip(target, host):
                 self.write_back(t, h)
+
+
+def _copy_keeps_layout(t: torch.Tensor) -> bool:
+    """Whether ``t.to(device)`` gives ``t``'s strides: ``t`` is contiguous or dense in some
+    order (what ``preserve_format`` keeps), or not a plain strided tensor (sparse, quantized,
+    a conjugate or negative view: moved as ``to`` moves them)."""
+    if t.layout != torch.strided or t.is_contiguous() or t.is_quantized or t.is_conj() or t.is_neg():
+        return True
+    return torch.empty_like(t, device="meta").stride() == t.stride()
+
+
+def _with_its_buffer(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """``t`` on ``device`` as the same view (sizes, strides, offset) of a copy of its whole
+    storage."""
+    storage = t.untyped_storage()
+    flat = t.new_empty(0).set_(storage, 0, (storage.nbytes() // t.element_size(),), (1,))
+    return flat.to(device).as_strided(t.shape, t.stride(), t.storage_offset())
 
 
 def _meta_like(t: torch.Tensor) -> torch.Tensor:

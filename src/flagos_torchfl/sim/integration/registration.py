@@ -3,6 +3,7 @@
 sim's own device module, device guard and hooks, plus serialization and native kernels)."""
 from __future__ import annotations
 
+import atexit
 import logging
 import sys
 import types
@@ -11,7 +12,7 @@ from typing import Iterable, Mapping
 import torch
 import torch.serialization
 
-from ... import compat
+from ... import compat, threads
 from ...aten.dispatcher import has_backend_fallback, tagged, with_generator
 from ...errors import BackendUnavailableError, PrivateUse1ClaimedError
 from ...registrations import keep_at_exit
@@ -252,6 +253,11 @@ def claim(num_devices: int, memory_limit: int | None, native: Iterable[str],
         _register_cpp(cpp_runtime, num_devices, bfloat16)
     else:
         _register_python_guard()
+    # the autograd engine's device thread frees a backward's graph task after the backward has
+    # returned, and with it Python objects: the contextvars context its captured thread-local
+    # state holds and, with the Python guard, the blocks of device storages; it finishes before
+    # the interpreter does
+    atexit.register(threads.settle, threads.autograd_device_threads, "the autograd engine's device threads")
     library = keep_at_exit(torch.library.Library("aten", "IMPL"))
     in_cpp = cpp_route(native) if cpp_runtime is not None else frozenset()
     _register_python_kernels(library, frozenset(native) - in_cpp)
