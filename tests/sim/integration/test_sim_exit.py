@@ -12,7 +12,7 @@ import pytest
 
 from tests.helpers import run_python
 
-pytestmark = [pytest.mark.needs_sim,
+pytestmark = [pytest.mark.full, pytest.mark.needs_sim,
               pytest.mark.skipif(not sys.platform.startswith("linux"), reason="threads are listed through /proc")]
 
 #: a daemon thread with the name torch gives the autograd engine's thread for device 0, busy
