@@ -10,7 +10,7 @@ from tests.helpers import ROOT
 
 SRC = ROOT / "src" / "flagos_torchfl"
 #: package -> the packages of flagos_torchfl it may import (besides errors, log, variables, config, compat, data_files, selection_view, patching,
-#: registrations, autoload, atomic_file, inline, optimizer_steps)
+#: registrations, threads, autoload, atomic_file, inline, optimizer_steps)
 ALLOWED = {
     "aten": set(),
     "sim": {"aten"},
