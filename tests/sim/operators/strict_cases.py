@@ -3,6 +3,7 @@ modules of each sim runtime (the cases take their ``sim`` fixture, :func:`activa
 from __future__ import annotations
 
 import os
+import warnings
 
 import pytest
 import torch
@@ -56,3 +57,27 @@ def test_supported_dtypes_are_those_the_device_holds_and_copies(sim):
         raw = (torch.arange(4 * dtype.itemsize) % 2).to(torch.uint8)
         back = raw.view(dtype).to("sim").cpu()
         assert back.dtype == dtype and torch.equal(back.view(torch.uint8), raw), dtype
+
+
+def _cat_outcome(device: str, case: str):
+    """What ``torch.cat`` with an ``out=`` that must grow does on ``device``: the error, or the
+    result with its geometry."""
+    empty, full = torch.zeros(0, device=device), torch.arange(24.0, device=device).reshape(4, 6)
+    other = torch.ones(4, 6, device=device)
+    calls = {
+        "out is an input": lambda: torch.cat([empty, full], out=empty),
+        "out views an input's memory": lambda: torch.cat([full, other], out=other[:2, :]),
+        "out apart": lambda: torch.cat([full, other], out=torch.empty(0, device=device)),
+    }
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "An output with one or more elements was resized"
+        try:
+            out = calls[case]()
+        except RuntimeError as exc:
+            return str(exc)
+    return tuple(out.shape), out.stride(), out.cpu().tolist()
+
+
+@pytest.mark.parametrize("case", ["out is an input", "out views an input's memory", "out apart"])
+def test_an_output_that_grows_is_checked_against_the_inputs_as_on_the_cpu(sim, case):
+    assert _cat_outcome("sim", case) == _cat_outcome("cpu", case)

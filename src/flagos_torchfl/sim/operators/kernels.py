@@ -173,6 +173,17 @@ class _Call:
         self.views[id(t)] = (t, view)
         return view
 
+    def refresh(self) -> None:
+        """Point every host view at its sim tensor as it is now (an output grown, or a view the
+        CPU kernel changed before it failed)."""
+        self.host_storages.clear()
+        for t, view in self.views.values():
+            storage = t.untyped_storage()
+            cpu_storage = self.host_storages.get(storage._cdata)
+            if cpu_storage is None:
+                cpu_storage = self.host_storages[storage._cdata] = tensors.host_storage(storage)
+            view.set_(cpu_storage, t.storage_offset(), t.size(), t.stride())
+
     def check_devices(self, allow_cpu: bool) -> None:
         if len(self.indices) > 1:
             raise RuntimeError(
@@ -294,19 +305,32 @@ def _run(sig: _Signature, call: _Call, cargs: list, ckwargs: dict) -> Any:
     except RuntimeError as e:
         if not sig.outs or "not resizable" not in str(e):
             raise
-    # An out= tensor must grow: let the CPU kernel fill fresh CPU tensors, copied in afterwards.
-    for name in sig.outs:
-        value = sig.get(cargs, ckwargs, name)
-        sig.put(cargs, ckwargs, name, _fresh_like(value))
+    # An out= tensor must grow, which a host view's memory cannot. Run instead on CPU copies of
+    # the call's memory, which can: tensors sharing memory on the device share a copy, the same
+    # tensor is one tensor, so the kernel's checks (an input that is its output) see what they
+    # see on a device; the written sim tensors then take the results (see ``_finish``).
+    call.refresh()
+    copies: dict = {}
+    cargs[:] = [_on_copies(a, copies) for a in cargs]
+    ckwargs.update({k: _on_copies(v, copies) for k, v in ckwargs.items()})
     return sig.host(*cargs, **ckwargs)
 
 
-def _fresh_like(value: Any) -> Any:
-    if isinstance(value, torch.Tensor):
-        return _EMPTY([0], dtype=value.dtype, device=_CPU)
-    if isinstance(value, (list, tuple)):
-        return type(value)(_fresh_like(v) for v in value)
-    return value
+def _on_copies(x: Any, copies: dict) -> Any:
+    """``x`` with every host view of sim memory replaced by the same view of a CPU copy of that
+    memory (one copy per storage, one view per view)."""
+    if isinstance(x, (list, tuple)):
+        return type(x)(_on_copies(e, copies) for e in x)
+    if not isinstance(x, torch.Tensor) or getattr(x.untyped_storage(), "_fl_owner", None) is None:
+        return x
+    if ("view", id(x)) not in copies:
+        storage = x.untyped_storage()
+        if ("storage", storage._cdata) not in copies:
+            copies["storage", storage._cdata] = storage.clone()
+        view = _EMPTY([0], dtype=x.dtype, device=_CPU)
+        view.set_(copies["storage", storage._cdata], x.storage_offset(), x.size(), x.stride())
+        copies["view", id(x)] = (x, _with_bits_of(x, view))
+    return copies["view", id(x)][1]
 
 
 def _finish(sig: _Signature, call: _Call, args: tuple, kwargs: dict, cargs: list, ckwargs: dict,

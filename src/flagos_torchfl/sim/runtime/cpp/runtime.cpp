@@ -588,6 +588,9 @@ struct Call {
   std::vector<std::pair<c10::StorageImpl*, c10::Storage>> host_of;  // sim storage -> host storage
   std::vector<c10::DispatchKeySet> keys_of;                          // per host_of: its tensor's keys
   std::vector<std::pair<c10::StorageImpl*, c10::Storage>> fresh;    // host storage -> sim storage
+  // sim tensor -> its host view: a tensor passed twice (an input and its ``out=``) is one tensor
+  // to the CPU kernel too, whose overlap checks tell the same tensor from another view
+  std::vector<std::pair<c10::TensorImpl*, at::Tensor>> views;
   int first = -1, second = -1, target = -1;
   bool keep_cpu = false, foreign = false, foreign_written = false;
   std::string foreign_device;
@@ -600,13 +603,20 @@ struct Call {
     const int index = t.device().index();
     if (first < 0) first = index;
     else if (index != first && second < 0) second = index;
+    for (auto& [impl, view] : views)
+      if (impl == t.unsafeGetTensorImpl()) return view;
     c10::StorageImpl* key = t.storage().unsafeGetStorageImpl();
-    for (auto& [sim, host] : host_of)
-      if (sim == key) return tensor_on(host, c10::DispatchKey::CPU, t);
-    c10::Storage host = host_storage_of(t.storage());
-    host_of.emplace_back(key, host);
-    keys_of.push_back(t.key_set());
-    return tensor_on(host, c10::DispatchKey::CPU, t);
+    c10::Storage host;
+    for (auto& [sim, known] : host_of)
+      if (sim == key) host = known;
+    if (!host) {
+      host = host_storage_of(t.storage());
+      host_of.emplace_back(key, host);
+      keys_of.push_back(t.key_set());
+    }
+    at::Tensor view = tensor_on(host, c10::DispatchKey::CPU, t);
+    views.emplace_back(t.unsafeGetTensorImpl(), view);
+    return view;
   }
 
   c10::IValue to_host(const c10::IValue& value, bool written) {
@@ -733,7 +743,8 @@ struct Call {
         sim_storage->set_nbytes(need);
       }
       sim.unsafeGetTensorImpl()->set_sizes_and_strides(host.sizes(), host.strides(), sim.storage_offset());
-      host_view(sim).copy_(source);
+      // a view of the storage as it is now (the call's views may show the block it had)
+      tensor_on(host_storage_of(sim.storage()), c10::DispatchKey::CPU, sim).copy_(source);
       return;
     }
     if (sim.sizes() != host.sizes() || sim.strides() != host.strides() ||
