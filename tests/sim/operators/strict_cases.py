@@ -81,3 +81,38 @@ def _cat_outcome(device: str, case: str):
 @pytest.mark.parametrize("case", ["out is an input", "out views an input's memory", "out apart"])
 def test_an_output_that_grows_is_checked_against_the_inputs_as_on_the_cpu(sim, case):
     assert _cat_outcome("sim", case) == _cat_outcome("cpu", case)
+
+
+def _set_to_answers(device: str) -> list:
+    t1, t2 = torch.empty(3, 4, device=device), torch.empty(3, 4, device=device)
+    t3 = torch.tensor([], device=device).set_(t1)
+    flags = torch.tensor([True, True], device=device)
+    flags_set = torch.tensor([False], device=device).set_(flags)
+    base = torch.empty(2, 3, 4, device=device)
+    return [t1.is_set_to(t2), t1.is_set_to(t3), t3.is_set_to(t1), flags.is_set_to(flags_set),
+            base.is_set_to(base.view(4, 3, 2)), t1.is_set_to(t1[1:]), t1.is_set_to(t1.clone())]
+
+
+def test_is_set_to_compares_the_device_memory_as_on_the_cpu(sim):
+    assert _set_to_answers("sim") == _set_to_answers("cpu") == [False, True, True, True, False, False, False]
+
+
+def _copy_outcome(device: str, case: str):
+    x = torch.arange(6.0, device=device)
+    calls = {
+        "into an expanded tensor": lambda: torch.zeros(1, device=device).expand(3).copy_(x[:3]),
+        "from memory it partly overlaps": lambda: x[:3].copy_(x[1:4]),
+        "onto itself": lambda: x[:3].copy_(x[:3]),
+        "from other memory of the same storage": lambda: x[:3].copy_(x[3:]),
+    }
+    try:
+        calls[case]()
+    except RuntimeError as exc:
+        return str(exc)
+    return x.cpu().tolist()
+
+
+@pytest.mark.parametrize("case", ["into an expanded tensor", "from memory it partly overlaps", "onto itself",
+                                  "from other memory of the same storage"])
+def test_a_copy_within_the_device_memory_is_checked_for_overlap_as_on_the_cpu(sim, case):
+    assert _copy_outcome("sim", case) == _copy_outcome("cpu", case)

@@ -391,8 +391,25 @@ def _copy_(self, src, non_blocking=False):
     for t, role in ((self, "to"), (src, "from")):
         if t.device.type not in (state.DEVICE_TYPE, "cpu"):
             raise RuntimeError(f"sim cannot copy {role} {t.device}")
-    _on_host(self).copy_(_on_host(src))
+    destination = _on_host(self)
+    if (self.device.type == src.device.type == state.DEVICE_TYPE
+            and self.untyped_storage()._cdata == src.untyped_storage()._cdata):
+        # within one sim storage, both views on one host storage: the CPU copy's overlap checks see it
+        source = _EMPTY([0], dtype=src.dtype, device=_CPU)
+        source = _with_bits_of(src, source.set_(destination.untyped_storage(), src.storage_offset(),
+                                                src.size(), src.stride()))
+    else:
+        source = _on_host(src)
+    destination.copy_(source)
     return self
+
+
+def _is_set_to(self, tensor):
+    """Whether both tensors show the same memory the same way (storage, offset, sizes, strides),
+    as every device's kernel answers."""
+    return (self.untyped_storage()._cdata == tensor.untyped_storage()._cdata
+            and self.storage_offset() == tensor.storage_offset() and self.size() == tensor.size()
+            and self.stride() == tensor.stride())
 
 
 def _copy_from(self, dst, non_blocking=False):
@@ -478,6 +495,7 @@ SPECIAL_KERNELS: dict[str, Callable] = {
     "aten::empty.memory_format": _empty_memory_format,
     "aten::empty_strided": _empty_strided,
     "aten::copy_": _copy_,
+    "aten::is_set_to": _is_set_to,
     "aten::_copy_from": _copy_from,
     "aten::_copy_from_and_resize": _copy_from_and_resize,
     "aten::resize_": _resize_,

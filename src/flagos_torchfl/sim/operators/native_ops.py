@@ -25,8 +25,9 @@ RUNTIME_PRIMITIVES: tuple[str, ...] = (
     "empty.memory_format", "empty_strided", "resize_", "resize_as_", "set_",
     # copies between the device, the host and other devices
     "copy_", "_copy_from.default", "_copy_from_and_resize.default", "_to_copy", "clone",
-    # views that need the device (the others PyTorch builds for every backend, see below)
-    "as_strided", "view.default", "_reshape_alias", "_unsafe_view",
+    # views that need the device (the others PyTorch builds for every backend, see below), and
+    # whether two tensors are the same view of the same memory
+    "as_strided", "view.default", "_reshape_alias", "_unsafe_view", "is_set_to",
     # scalars
     "_local_scalar_dense", "fill_.Scalar", "fill_.Tensor", "zero_",
     # streams
@@ -37,7 +38,8 @@ RUNTIME_PRIMITIVES: tuple[str, ...] = (
 Every device backend implements these in its runtime rather than as compute kernels: allocation
 (``empty*``, ``resize_``, ``set_``), moving bytes between host and device and between devices
 (``copy_``, ``_copy_from*``, ``_to_copy``, ``clone``), the view primitives that other views are
-built from (``as_strided``, ``view``, ``_reshape_alias``), reading/writing a scalar
+built from (``as_strided``, ``view``, ``_reshape_alias``) and ``is_set_to`` (a question about
+storages, which no host copy can answer), reading/writing a scalar
 (``_local_scalar_dense``, ``fill_``, ``zero_``) and ``record_stream`` (a no-op: sim work runs
 inline). Without them a tensor cannot even be created on or moved to the device, so
 :func:`flagos_torchfl.sim.install` always adds them to the native set.

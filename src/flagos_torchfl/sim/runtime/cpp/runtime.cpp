@@ -32,6 +32,7 @@
 #include <ATen/native/transformers/attention.h>
 #include <ATen/ops/_reshape_alias_native.h>
 #include <ATen/ops/as_strided_native.h>
+#include <ATen/ops/is_set_to_native.h>
 #include <ATen/ops/view_native.h>
 #include <c10/core/CPUAllocator.h>
 #include <c10/core/CachingDeviceAllocator.h>
@@ -904,7 +905,10 @@ at::Tensor on_host(const at::Tensor& t, const char* role) {
 at::Tensor& sim_copy_(at::Tensor& self, const at::Tensor& src, bool /*non_blocking*/) {
   check_fork();
   at::Tensor destination = on_host(self, "to");
-  destination.copy_(on_host(src, "from"));
+  // within one sim storage, both views on one host storage: the CPU copy's overlap checks see it
+  const bool shared = self.device().type() == kType && src.device().type() == kType &&
+                      self.storage().is_alias_of(src.storage());
+  destination.copy_(shared ? tensor_on(destination.storage(), c10::DispatchKey::CPU, src) : on_host(src, "from"));
   return self;
 }
 
@@ -1291,6 +1295,8 @@ int fl_sim_register_kernels(const char* names) {
         g_library->impl(bare.c_str(), TORCH_FN(sim_copy_));
       } else if (full == "aten::_copy_from") {
         g_library->impl(bare.c_str(), TORCH_FN(sim_copy_from));
+      } else if (full == "aten::is_set_to") {  // a question about storages, as every device's
+        g_library->impl(bare.c_str(), TORCH_FN(at::native::is_set_to));
       } else if (full == "aten::view") {  // views: a new tensor on the same storage, as CUDA's
         g_library->impl(bare.c_str(), TORCH_FN(at::native::view));
       } else if (full == "aten::as_strided") {
