@@ -116,3 +116,32 @@ def _copy_outcome(device: str, case: str):
                                   "from other memory of the same storage"])
 def test_a_copy_within_the_device_memory_is_checked_for_overlap_as_on_the_cpu(sim, case):
     assert _copy_outcome("sim", case) == _copy_outcome("cpu", case)
+
+
+def _complex_view_outcomes(device: str) -> list:
+    base = torch.arange(12.0, device=device)
+    cplx = torch.view_as_complex(base.view(6, 2))
+    calls = [
+        lambda: torch.view_as_complex(base.view(2, 3, 2)),
+        lambda: torch.view_as_complex(base[:8].view(4, 2)[:, :1].expand(4, 2)),  # last stride 0
+        lambda: torch.view_as_complex(base[0]),  # no dimension
+        lambda: torch.view_as_complex(base[1:9].view(4, 2)),  # odd storage offset
+        lambda: torch.view_as_complex(base.view(2, 6)),  # last dimension 6
+        lambda: torch.view_as_complex(base.to(torch.int32).view(6, 2)),
+        lambda: torch.view_as_real(cplx[::2]),
+        lambda: torch.view_as_real(cplx.conj()),
+        lambda: torch.view_as_real(base),
+    ]
+    outcomes = []
+    for call in calls:
+        try:
+            view = call()
+        except RuntimeError as exc:
+            outcomes.append(str(exc))
+        else:
+            outcomes.append((tuple(view.shape), view.stride(), view.storage_offset(), view.cpu().tolist()))
+    return outcomes
+
+
+def test_complex_views_are_refused_with_atens_words(sim):
+    assert _complex_view_outcomes("sim") == _complex_view_outcomes("cpu")
