@@ -88,3 +88,22 @@ def test_float32_composite_is_unchanged(router):
     got = x.to("sim").index_add(0, index.to("sim"), src.to("sim"))
     torch.testing.assert_close(got.cpu(), x.index_add(0, index, src))
     assert got.dtype == torch.float32
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_low_precision_composite_takes_a_dtype_argument_as_the_kernel(router, dtype, tmp_path):
+    """``linalg_vector_norm(x, dtype=<x's low precision>)`` (as ``torch.masked.norm`` calls
+    it) routed as a composite: computed in float32 with the ``dtype`` raised alike, rounded once."""
+    routes = tmp_path / "routes.json"
+    routes.write_text('{"routes": {"linalg_vector_norm": "composite"}}')
+    ft.load_routing_config(routes)
+    try:
+        x = (torch.randn(4, 10, generator=torch.Generator().manual_seed(0)) * 4).to(dtype)
+        for kwargs in ({"dtype": dtype}, {"dim": 1, "dtype": dtype}, {"ord": 3, "dim": 0, "dtype": dtype}):
+            got = torch.linalg.vector_norm(x.to("sim"), **kwargs)
+            assert got.dtype == dtype
+            torch.testing.assert_close(got.cpu(), torch.linalg.vector_norm(x, **kwargs), rtol=0, atol=0)
+        assert decision(router, "linalg_vector_norm", dtype).route == "composite"
+    finally:
+        routes.write_text('{"routes": {}}')
+        ft.load_routing_config(routes)

@@ -176,6 +176,8 @@ OPMATH = {torch.float16: torch.float32, torch.bfloat16: torch.float32, torch.com
 def _upcast(value: Any) -> Any:
     if isinstance(value, torch.Tensor):
         return value.to(OPMATH[value.dtype]) if value.dtype in OPMATH else value
+    if isinstance(value, torch.dtype):  # a ``dtype=`` to compute in: the upcast one (rounded after)
+        return OPMATH.get(value, value)
     if isinstance(value, (list, tuple)):
         return type(value)(_upcast(v) for v in value)
     return value
@@ -201,8 +203,9 @@ def _round_to(value: Any, like: Any) -> Any:
 
 def _in_opmath(op, fn: Decomposition) -> Decomposition:
     """``fn`` computing as a device kernel computes: float16/bfloat16 (complex32) tensor
-    arguments in float32 (complex64), each result rounded once to the dtype the operator
-    returns (its meta kernel says which). A decomposition run in the low precision itself
+    arguments, and a ``dtype`` argument naming one, in float32 (complex64), each result rounded
+    once to the dtype the operator returns (its meta kernel says which). A decomposition run in
+    the low precision itself
     rounds after every step (a bfloat16 ``index_add`` of repeated indices drifted from the
     CPU kernel's sum). Calls without low-precision tensors, and operators without a meta
     kernel, run ``fn`` as it is."""
