@@ -15,6 +15,7 @@ import torch
 from torch.utils._pytree import tree_flatten
 
 from . import schema
+from .fallback import meta_like
 
 Decomposition = Callable[..., Any]
 
@@ -50,11 +51,9 @@ _COMPLEX = {torch.float16: torch.complex32, torch.float32: torch.complex64, torc
 
 
 def _meta_twin(t: torch.Tensor) -> torch.Tensor:
-    """A meta tensor with ``t``'s dtype, geometry and conjugate bit: ATen's checks of a view,
-    run on it, refuse what they refuse on a device, in their words."""
-    extent = 0 if 0 in t.shape else 1 + sum((s - 1) * st for s, st in zip(t.shape, t.stride()))
-    twin = torch.empty(t.storage_offset() + extent, dtype=t.dtype, device="meta")
-    twin = twin.as_strided(t.shape, t.stride(), t.storage_offset())
+    """:func:`~.fallback.meta_like` with ``t``'s conjugate bit too: ATen's checks of a view, run
+    on it, refuse what they refuse on a device, in their words."""
+    twin = meta_like(t)
     return twin.conj() if t.is_conj() else twin
 
 

@@ -158,7 +158,10 @@ def _with_its_buffer(t: torch.Tensor, device: torch.device) -> torch.Tensor:
     return flat.to(device).as_strided(t.shape, t.stride(), t.storage_offset())
 
 
-def _meta_like(t: torch.Tensor) -> torch.Tensor:
+def meta_like(t: torch.Tensor) -> torch.Tensor:
+    """A meta tensor with ``t``'s dtype, sizes, strides and storage offset (over a storage at
+    least as large as ``t``'s): an operator run on it computes its result's geometry, and makes
+    its checks, without ``t``'s memory."""
     storage_numel = t.untyped_storage().nbytes() // max(t.element_size(), 1)
     needed = t.storage_offset() + sum((s - 1) * st for s, st in zip(t.shape, t.stride()) if s > 0) + 1
     base = torch.empty(max(storage_numel, needed), dtype=t.dtype, device="meta")
@@ -167,7 +170,7 @@ def _meta_like(t: torch.Tensor) -> torch.Tensor:
 
 def _device_views(op, bound: Dict[str, Any], index: int, source: torch.Tensor, mover: _Mover):
     """The view ``op`` returns at ``index``, made on the device from ``source``'s storage."""
-    meta_bound = {k: (_meta_like(v) if mover.is_device_tensor(v) else v) for k, v in bound.items()}
+    meta_bound = {k: (meta_like(v) if mover.is_device_tensor(v) else v) for k, v in bound.items()}
     args, kwargs = schema.split_call(op, meta_bound)
     out = op(*args, **kwargs)
     if len(op._schema.returns) > 1:

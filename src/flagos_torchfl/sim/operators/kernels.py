@@ -117,6 +117,12 @@ def _with_bits_of(t: torch.Tensor, view: torch.Tensor) -> torch.Tensor:
     return view
 
 
+def _view_on(storage: torch.UntypedStorage, t: torch.Tensor) -> torch.Tensor:
+    """A CPU tensor over ``storage`` with ``t``'s dtype, geometry and conjugate/negative bits."""
+    view = _EMPTY([0], dtype=t.dtype, device=_CPU)
+    return _with_bits_of(t, view.set_(storage, t.storage_offset(), t.size(), t.stride()))
+
+
 def _on_host(t: torch.Tensor) -> torch.Tensor:
     """A CPU tensor that reads and writes what ``t`` holds: ``t`` itself if it is on the CPU."""
     if t.device.type != state.DEVICE_TYPE:
@@ -167,22 +173,15 @@ class _Call:
         cpu_storage = self.host_storages.get(storage._cdata)
         if cpu_storage is None:
             cpu_storage = self.host_storages[storage._cdata] = tensors.host_storage(storage)
-        view = _EMPTY([0], dtype=t.dtype, device=_CPU)
-        view.set_(cpu_storage, t.storage_offset(), t.size(), t.stride())
-        view = _with_bits_of(t, view)
+        view = _view_on(cpu_storage, t)
         self.views[id(t)] = (t, view)
         return view
 
     def refresh(self) -> None:
-        """Point every host view at its sim tensor as it is now (an output grown, or a view the
-        CPU kernel changed before it failed)."""
-        self.host_storages.clear()
+        """Give every host view its sim tensor's geometry again (a CPU kernel that failed may
+        have resized one)."""
         for t, view in self.views.values():
-            storage = t.untyped_storage()
-            cpu_storage = self.host_storages.get(storage._cdata)
-            if cpu_storage is None:
-                cpu_storage = self.host_storages[storage._cdata] = tensors.host_storage(storage)
-            view.set_(cpu_storage, t.storage_offset(), t.size(), t.stride())
+            view.set_(view.untyped_storage(), t.storage_offset(), t.size(), t.stride())
 
     def check_devices(self, allow_cpu: bool) -> None:
         if len(self.indices) > 1:
@@ -327,9 +326,7 @@ def _on_copies(x: Any, copies: dict) -> Any:
         storage = x.untyped_storage()
         if ("storage", storage._cdata) not in copies:
             copies["storage", storage._cdata] = storage.clone()
-        view = _EMPTY([0], dtype=x.dtype, device=_CPU)
-        view.set_(copies["storage", storage._cdata], x.storage_offset(), x.size(), x.stride())
-        copies["view", id(x)] = (x, _with_bits_of(x, view))
+        copies["view", id(x)] = (x, _view_on(copies["storage", storage._cdata], x))
     return copies["view", id(x)][1]
 
 
@@ -395,9 +392,7 @@ def _copy_(self, src, non_blocking=False):
     if (self.device.type == src.device.type == state.DEVICE_TYPE
             and self.untyped_storage()._cdata == src.untyped_storage()._cdata):
         # within one sim storage, both views on one host storage: the CPU copy's overlap checks see it
-        source = _EMPTY([0], dtype=src.dtype, device=_CPU)
-        source = _with_bits_of(src, source.set_(destination.untyped_storage(), src.storage_offset(),
-                                                src.size(), src.stride()))
+        source = _view_on(destination.untyped_storage(), src)
     else:
         source = _on_host(src)
     destination.copy_(source)
